@@ -1,0 +1,1 @@
+"""kernelsight.calibrate"""

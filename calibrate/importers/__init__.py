@@ -1,0 +1,1 @@
+"""Importers: convert public reference data into kernelsight's own formats."""

@@ -1,0 +1,211 @@
+"""What every kernel family provides: shape fields, validation, and ONE cost model.
+
+A family's cost model works on columns (dict of numpy arrays, or a DataFrame),
+so the harness, the importers, calibration and the simulator price a single
+shape and a million rows with the same code. A shape object is one row of
+those columns and validates itself through the same checks.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+import numpy as np
+
+from ..dtypes import BYTES, canonical_dtype
+from ..errors import KernelsightError
+
+
+@dataclass(frozen=True)
+class Field:
+    """One shape parameter: its sweep column and what values are legal.
+
+    kind: 'pos' (integer >= 1), 'nonneg' (integer >= 0), 'bool', 'dtype', or
+    'choice' (one of `choices`).
+    """
+
+    name: str
+    kind: str
+    choices: tuple = ()
+    doc: str = ""
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Work of a batch of kernels: FLOPs, bytes moved to/from DRAM, thread blocks."""
+
+    flops: np.ndarray
+    bytes: np.ndarray
+    blocks: np.ndarray
+
+
+Columns = Mapping[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Family:
+    """A kernel family: the unit of calibration.
+
+    unit: 'tensor' (peak of the dtype's tensor cores), 'vector' (FP32 CUDA-core
+    peak: element-wise kernels compute in fp32 whatever they store) or 'link'
+    (collectives: latency-bandwidth form instead of the roofline).
+    dominant: the shape parameter η is plotted against.
+    checks: cross-field rules, each (bad-row mask function, message).
+    cost: the one definition of flops, bytes and blocks.
+    """
+
+    name: str
+    fields: tuple
+    unit: str
+    dominant: str
+    tile: str
+    cost_fn: Callable[[Columns], Cost]
+    checks: tuple = ()
+    shape: type | None = None
+
+    @property
+    def columns(self) -> tuple:
+        return tuple(f.name for f in self.fields)
+
+    # -- validation -----------------------------------------------------
+    def validate(self, cols: Columns, where: str = "", index=None) -> dict:
+        """Validated columns as arrays; else one KernelsightError line naming the first bad row and field.
+
+        index: row labels to report (a frame's index); default: positions.
+        """
+        n = _length(cols)
+        label = (lambda i: index[i]) if index is not None else (lambda i: i)
+        for f in self.fields:
+            if f.name not in cols:
+                raise KernelsightError(f"{where}{self.name}: missing shape field {f.name!r}")
+            v = cols[f.name]
+            bad, why = _field_violation(f, v)
+            if bad is not None and bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise KernelsightError(
+                    f"{where}{_row(label(i), n)}{self.name}.{f.name} = {_item(v, i)!r}: {why}")
+        arrays = as_arrays(cols, self.fields)
+        for mask_fn, message in self.checks:
+            bad = np.asarray(mask_fn(arrays), dtype=bool)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise KernelsightError(f"{where}{_row(label(i), n)}{self.name}: {message}")
+        return arrays
+
+    # -- cost -------------------------------------------------------------
+    def cost(self, cols: Columns, index=None) -> Cost:
+        """Vectorised flops/bytes/blocks; inputs are validated first."""
+        arrays = self.validate(cols, index=index)
+        out = self.cost_fn(arrays)
+        return Cost(*(np.broadcast_to(np.asarray(a, dtype=np.float64), (_length(arrays),)).copy()
+                      for a in (out.flops, out.bytes, out.blocks)))
+
+
+class Shape:
+    """Mixin for a family's frozen dataclass: validates itself on construction."""
+
+    family: Family  # set by register()
+
+    def __post_init__(self):
+        self.family.validate(self.as_columns())
+
+    def as_columns(self) -> dict:
+        return {f.name: np.asarray([getattr(self, f.name)]) for f in dataclasses.fields(self)}
+
+    def cost(self) -> Cost:
+        return self.family.cost(self.as_columns())
+
+    @property
+    def flops(self) -> float:
+        return float(self.cost().flops[0])
+
+    @property
+    def bytes(self) -> float:
+        return float(self.cost().bytes[0])
+
+    @property
+    def blocks(self) -> float:
+        return float(self.cost().blocks[0])
+
+    def row(self) -> dict:
+        """The shape as a sweep row: family plus its shape columns."""
+        return {"family": self.family.name, **{k: v[0].item() if hasattr(v[0], "item") else v[0]
+                                                for k, v in self.as_columns().items()}}
+
+
+# -- helpers shared by the family modules ---------------------------------------
+
+def as_arrays(cols: Columns, fields) -> dict:
+    """Columns as numpy arrays: numbers as float64, dtypes canonical, the rest as given."""
+    out = {}
+    for f in fields:
+        if f.name not in cols:
+            raise KernelsightError(f"missing shape field {f.name!r}")
+        v = np.asarray(cols[f.name])
+        if v.ndim == 0:
+            v = v.reshape(1)
+        if f.kind == "dtype":
+            uniq = {u: canonical_dtype(u) for u in set(v.tolist())}
+            v = np.asarray([uniq[x] for x in v.tolist()], dtype=object)
+        elif f.kind in ("pos", "nonneg"):
+            v = _numeric(v, f.name)
+        elif f.kind == "bool":
+            v = v.astype(bool)
+        out[f.name] = v
+    return out
+
+
+def elem_bytes(dtypes: np.ndarray) -> np.ndarray:
+    """Bytes per element for an array of canonical dtype names."""
+    return np.asarray([BYTES[d] for d in dtypes.tolist()], dtype=np.float64)
+
+
+def cdiv(a, b):
+    return np.ceil(np.asarray(a, dtype=np.float64) / b)
+
+
+def _numeric(v: np.ndarray, name: str) -> np.ndarray:
+    try:
+        return v.astype(np.float64)
+    except (TypeError, ValueError):
+        raise KernelsightError(f"shape field {name!r} must be numeric, got {v.tolist()[:3]!r}") from None
+
+
+def _field_violation(f: Field, v: np.ndarray):
+    v = np.asarray(v)
+    if f.kind in ("pos", "nonneg"):
+        x = _numeric(v, f.name)
+        lo = 1 if f.kind == "pos" else 0
+        bad = ~np.isfinite(x) | (x < lo) | (x != np.floor(x))
+        return bad, f"must be an integer >= {lo}"
+    if f.kind == "choice":
+        allowed = set(f.choices)
+        return np.asarray([x not in allowed for x in v.tolist()]), f"must be one of {list(f.choices)}"
+    if f.kind == "dtype":
+        ok = {}
+        for x in set(v.tolist()):
+            try:
+                canonical_dtype(x)
+                ok[x] = True
+            except KernelsightError:
+                ok[x] = False
+        return np.asarray([not ok[x] for x in v.tolist()]), f"must be one of {sorted(BYTES)}"
+    if f.kind == "bool":
+        return np.asarray([x not in (True, False, 0, 1) for x in v.tolist()]), "must be true or false"
+    return None, ""
+
+
+def _length(cols: Columns) -> int:
+    for v in cols.values():
+        return int(np.asarray(v).reshape(-1).shape[0])
+    return 0
+
+
+def _row(i, n: int) -> str:
+    return f"row {i}: " if n > 1 else ""
+
+
+def _item(v, i):
+    x = np.asarray(v).reshape(-1)[i]
+    return x.item() if hasattr(x, "item") else x

@@ -1,0 +1,72 @@
+"""Roofline latency of kernels on a hardware entry, with wave quantization.
+
+t_roof = max(flops * u / peak(dtype), bytes / mem_bw),  u = ceil(B / n_sm) * n_sm / B
+for B thread blocks (u = 1 when B = 0). Collectives use the latency-bandwidth
+form of families/collectives.py instead. Works on one shape or whole frames.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+import pandas as pd
+
+from .dtypes import canonical_dtype
+from .errors import KernelsightError
+from .families import Shape, get_family
+from .families.collectives import link_time
+
+
+def wave_factor(blocks, num_sms: int) -> np.ndarray:
+    """Quantization of B blocks onto num_sms SMs: >= 1, == 1 for whole waves."""
+    b = np.asarray(blocks, dtype=np.float64)
+    safe = np.where(b > 0, b, 1.0)
+    return np.where(b > 0, np.ceil(safe / num_sms) * num_sms / safe, 1.0)
+
+
+def _peaks(dtypes, unit: str, hw) -> np.ndarray:
+    if unit == "vector":
+        return np.full(len(dtypes), hw.peak_flops("fp32"))
+    cache = {d: hw.peak_flops(d) for d in set(dtypes)}
+    return np.asarray([cache[d] for d in dtypes], dtype=np.float64)
+
+
+def roofline_columns(family: str, cols: Mapping, hw, index=None) -> dict:
+    """flops, bytes, blocks, wave_factor, t_compute, t_memory, t_roof (seconds), bound."""
+    fam = get_family(family)
+    cost = fam.cost(cols, index=index)
+    n = len(cost.flops)
+    if fam.unit == "link":
+        t = link_time(cols, cost, hw)
+        return {"flops": cost.flops, "bytes": cost.bytes, "blocks": cost.blocks,
+                "wave_factor": np.ones(n), "t_compute": np.zeros(n), "t_memory": t,
+                "t_roof": t, "bound": np.full(n, "link", dtype=object)}
+    dtypes = [canonical_dtype(d) for d in np.asarray(cols["dtype"]).reshape(-1).tolist()]
+    u = wave_factor(cost.blocks, hw.num_sms)
+    t_c = cost.flops * u / _peaks(dtypes, fam.unit, hw)
+    t_m = cost.bytes / hw.mem_bw
+    return {"flops": cost.flops, "bytes": cost.bytes, "blocks": cost.blocks, "wave_factor": u,
+            "t_compute": t_c, "t_memory": t_m, "t_roof": np.maximum(t_c, t_m),
+            "bound": np.where(t_c >= t_m, "compute", "memory").astype(object)}
+
+
+def roofline_shape(shape: Shape, hw) -> dict:
+    """Roofline of one shape as plain floats/strings."""
+    out = roofline_columns(shape.family.name, shape.as_columns(), hw)
+    return {k: (v[0].item() if hasattr(v[0], "item") else v[0]) for k, v in out.items()}
+
+
+def roofline_frame(df: pd.DataFrame, hw) -> pd.DataFrame:
+    """Roofline of every row of a sweep-like frame (any mix of families), same index."""
+    if "family" not in df.columns:
+        raise KernelsightError("frame has no 'family' column")
+    out = pd.DataFrame(index=df.index, columns=["flops", "bytes", "blocks", "wave_factor",
+                                                "t_compute", "t_memory", "t_roof", "bound"])
+    out = out.astype({c: "float64" for c in out.columns if c != "bound"})
+    for family, part in df.groupby("family", sort=False):
+        fam = get_family(family)
+        cols = {c: part[c].to_numpy() for c in fam.columns if c in part.columns}
+        res = roofline_columns(family, cols, hw, index=part.index.to_numpy())
+        for k, v in res.items():
+            out.loc[part.index, k] = v
+    return out
