@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from kernelsight.predictor import dtypes as _dtypes
 from kernelsight.predictor.errors import KernelsightError, did_you_mean
 from kernelsight.predictor.paths import conf_dir
 
@@ -43,6 +44,7 @@ __all__ = [
 #: Canonical dtype names of `Hardware.peak_tflops` (dense tensor/matrix peaks;
 #: fp32 is the non-tensor CUDA-core / vector rate).
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4")
+assert set(DTYPES) == set(_dtypes.BYTES), "hardware peaks and predictor.dtypes must name the same dtypes"
 
 #: Spellings accepted by `peak_flops` (torch/numpy names included, 'torch.' prefix stripped).
 _DTYPE_ALIASES: dict[str, str] = {
@@ -51,7 +53,8 @@ _DTYPE_ALIASES: dict[str, str] = {
     "bf16": "bf16", "bfloat16": "bf16",
     "fp16": "fp16", "float16": "fp16", "half": "fp16", "f16": "fp16",
     "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8",
-    "float8_e4m3fn": "fp8", "float8_e4m3fnuz": "fp8", "float8_e5m2": "fp8", "float8_e5m2fnuz": "fp8",
+    "float8": "fp8", "float8_e4m3": "fp8", "float8_e4m3fn": "fp8", "float8_e4m3fnuz": "fp8",
+    "float8_e5m2": "fp8", "float8_e5m2fnuz": "fp8",
     "int8": "int8", "i8": "int8",
     "fp4": "fp4", "nvfp4": "fp4", "mxfp4": "fp4", "float4": "fp4", "float4_e2m1fn_x2": "fp4",
 }
@@ -342,16 +345,21 @@ def normalize_name(name: str) -> str:
 
 
 def canonical_dtype(dtype: Any) -> str:
-    """'bfloat16', 'torch.float16', 'half', 'fp8_e4m3' ... -> one of DTYPES."""
+    """'bfloat16', 'torch.float16', 'half', 'fp8_e4m3' ... -> one of DTYPES.
+
+    Accepts more spellings than predictor.dtypes (torch/numpy names) because
+    device code passes torch dtypes straight in; the final say is dtypes'.
+    """
     text = str(dtype).strip().lower()
     for prefix in ("torch.", "numpy.", "np."):
         if text.startswith(prefix):
             text = text[len(prefix):]
-    found = _DTYPE_ALIASES.get(text) or _DTYPE_ALIASES.get(text.replace("-", "_"))
-    if found is None:
-        raise KernelsightError(f"unknown dtype {dtype!r}{did_you_mean(text, _DTYPE_ALIASES)}; "
-                               f"expected one of: {', '.join(DTYPES)} (or bfloat16, float16, half, float32, fp8_e4m3)")
-    return found
+    text = _DTYPE_ALIASES.get(text) or _DTYPE_ALIASES.get(text.replace("-", "_")) or text
+    try:
+        return _dtypes.canonical_dtype(text)
+    except KernelsightError:
+        raise KernelsightError(f"unknown dtype {dtype!r}{did_you_mean(text, _DTYPE_ALIASES)}; expected one of: "
+                               f"{', '.join(DTYPES)} (or bfloat16, float16, half, float32, fp8_e4m3)") from None
 
 
 class _Catalog:
