@@ -10,20 +10,42 @@ from __future__ import annotations
 
 import importlib
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import KernelsightError, did_you_mean
 from .paths import conf_dir
 
-# command: (implementation "module:function", one-line help)
+
+@dataclass(frozen=True)
+class Command:
+    """A command: its implementation ("module:function"), help line, and the config
+    key a bare positional argument fills (`kernelsight predict FILE` = `sweep=FILE`)."""
+
+    target: str
+    help: str
+    positional: str | None = None
+
+    def config_name(self, name: str) -> str:
+        return name.replace(" ", "_")
+
+
 COMMANDS = {
-    "roofline": ("kernelsight.sim.commands:roofline",
-                 "per-kernel roofline table of a model step, one kernel shape, or every row of a sweep file"),
-    "import": ("kernelsight.calibrate.importers.commands:import_dataset",
-               "convert public reference data (aiconfigurator, vidur, neusight) into the sweep contract"),
-    "data": ("kernelsight.calibrate.importers.commands:data_summary",
-             "rows of committed data per device and family"),
+    "roofline": Command("kernelsight.sim.commands:roofline",
+                        "per-kernel roofline table of a model step, one kernel shape, or every row of a sweep file",
+                        positional="sweep"),
+    "import": Command("kernelsight.calibrate.importers.commands:import_dataset",
+                      "convert public reference data (aiconfigurator, vidur, neusight) into the sweep contract",
+                      positional="dataset"),
+    "data": Command("kernelsight.calibrate.importers.commands:data_summary",
+                    "rows of committed data per device and family", positional="path"),
 }
+
+# Hydra's own flags pass through untouched; other --key value pairs become key=value.
+_HYDRA_FLAGS = {"-h", "--help", "--hydra-help", "-m", "--multirun", "--info", "-i", "--resolve",
+                "--version", "-r", "--run", "--shell-completion", "-sc"}
+_HYDRA_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                           "--config-dir", "-cd", "--experimental-rerun"}
 
 USAGE = """usage: kernelsight <command> [key=value ...] [-m] [--help] [--cfg job]
 
@@ -38,7 +60,7 @@ comma-separated values, e.g. `kernelsight roofline -m hardware=h100_sxm,a100_sxm
 
 def usage() -> str:
     width = max(map(len, COMMANDS))
-    lines = "\n".join(f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items())
+    lines = "\n".join(f"  {name:<{width}}  {cmd.help}" for name, cmd in COMMANDS.items())
     return USAGE.format(commands=lines)
 
 
@@ -63,11 +85,52 @@ def check_group_overrides(args: list[str]) -> None:
                                    f"available: {', '.join(choices)}")
 
 
-def run_command(name: str, args: list[str]) -> None:
+def to_overrides(command: Command, args: list[str]) -> list[str]:
+    """Friendly argv to Hydra overrides: a bare FILE fills the positional key, --key v is key=v."""
+    out, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg in _HYDRA_FLAGS:
+            out.append(arg)
+        elif arg.split("=", 1)[0] in _HYDRA_FLAGS_WITH_VALUE:
+            out.append(arg)
+            if "=" not in arg and i + 1 < len(args):
+                out.append(args[i + 1])
+                i += 1
+        elif arg.startswith("--"):
+            key = arg[2:]
+            if "=" in key:
+                out.append(key)
+            elif i + 1 < len(args) and not args[i + 1].startswith("-"):
+                out.append(f"{key}={args[i + 1]}")
+                i += 1
+            else:
+                out.append(f"{key}=true")
+        elif "=" not in arg and not arg.startswith("-"):
+            if command.positional is None:
+                raise KernelsightError(f"unexpected argument {arg!r}: settings are key=value")
+            out.append(f"{command.positional}={arg}")
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+def split_command(argv: list[str]) -> tuple[str, list[str]]:
+    """The command name (one or two words, e.g. 'bench report') and the rest."""
+    if len(argv) > 1 and f"{argv[0]} {argv[1]}" in COMMANDS:
+        return f"{argv[0]} {argv[1]}", argv[2:]
+    if argv[0] not in COMMANDS:
+        raise KernelsightError(f"unknown command {argv[0]!r}{did_you_mean(argv[0], COMMANDS)}; "
+                               f"run `kernelsight --help` for the list")
+    return argv[0], argv[1:]
+
+
+def run_command(name: str, overrides: list[str]) -> None:
     import hydra
 
-    target, _ = COMMANDS[name]
-    func = _load(target)
+    command = COMMANDS[name]
+    func = _load(command.target)
 
     def task(cfg):
         try:
@@ -76,9 +139,10 @@ def run_command(name: str, args: list[str]) -> None:
             print(f"kernelsight {name}: error: {e}", file=sys.stderr)
             sys.exit(2)
 
-    task.__name__ = name
-    main = hydra.main(config_path=str(Path(conf_dir()).resolve()), config_name=name, version_base="1.3")(task)
-    sys.argv = [f"kernelsight {name}", *args]
+    task.__name__ = command.config_name(name)
+    main = hydra.main(config_path=str(Path(conf_dir()).resolve()), config_name=command.config_name(name),
+                      version_base="1.3")(task)
+    sys.argv = [f"kernelsight {name}", *overrides]
     main()
 
 
@@ -87,16 +151,14 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return
-    name, args = argv[0], argv[1:]
     try:
-        if name not in COMMANDS:
-            raise KernelsightError(f"unknown command {name!r}{did_you_mean(name, COMMANDS)}; "
-                                   f"run `kernelsight --help` for the list")
-        check_group_overrides(args)
+        name, args = split_command(argv)
+        overrides = to_overrides(COMMANDS[name], args)
+        check_group_overrides(overrides)
     except KernelsightError as e:
         print(f"kernelsight: error: {e}", file=sys.stderr)
         sys.exit(2)
-    run_command(name, args)
+    run_command(name, overrides)
 
 
 if __name__ == "__main__":

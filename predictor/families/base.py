@@ -74,7 +74,7 @@ class Family:
 
         index: row labels to report (a frame's index); default: positions.
         """
-        n = _length(cols)
+        n = _length(cols) if index is None else 2  # a frame's rows are always named
         label = (lambda i: index[i]) if index is not None else (lambda i: i)
         for f in self.fields:
             if f.name not in cols:
