@@ -33,7 +33,9 @@ class Command:
 COMMANDS = {
     "roofline": Command("kernelsight.sim.commands:roofline",
                         "per-kernel roofline table of a model step, one kernel shape, or every row of a sweep file",
-                        positional="sweep"),
+                        positional="sweep_file"),
+    "simulate": Command("kernelsight.sim.simulate:simulate",
+                        "replay a serving workload on a simulated vLLM engine: TTFT, TPOT, throughput, breakdown"),
     "import": Command("kernelsight.calibrate.importers.commands:import_dataset",
                       "convert public reference data (aiconfigurator, vidur, neusight) into the sweep contract",
                       positional="dataset"),

@@ -144,18 +144,15 @@ def _to_table(df: pd.DataFrame, environment: dict | None) -> pa.Table:
     arrays = []
     for field in SCHEMA:
         col = df[field.name]
-        values = [None if _missing(v) else v for v in col.tolist()]
+        if col.dtype == object and pa.types.is_integer(field.type):
+            col = pd.to_numeric(col, errors="coerce")
         try:
-            arrays.append(pa.array(values, type=field.type, from_pandas=True))
+            arrays.append(pa.array(col, type=field.type, from_pandas=True))
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
             raise KernelsightError(f"column {field.name!r} does not fit {field.type}: {e}") from None
     meta = {META_VERSION: str(SCHEMA_VERSION).encode(),
             META_ENV: json.dumps(environment or {}, sort_keys=True, default=str).encode()}
     return pa.Table.from_arrays(arrays, schema=SCHEMA.with_metadata(meta))
-
-
-def _missing(v) -> bool:
-    return v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v))
 
 
 def sweep_files(path) -> list[Path]:
@@ -198,16 +195,21 @@ def _read_meta(path: Path) -> dict:
     return meta
 
 
-def read_sweep(path, validate: bool = True) -> pd.DataFrame:
+def read_sweep(path, validate: bool = True, columns=None) -> pd.DataFrame:
     """Read a sweep file or directory of shards; refuse bad files with one clear line.
 
+    columns: read only these (row validation then covers only what was read).
     The environment of the first file is in `df.attrs['environment']`.
     """
+    wanted = list(COLUMNS) if columns is None else list(columns)
+    unknown = [c for c in wanted if c not in COLUMNS]
+    if unknown:
+        raise KernelsightError(f"not sweep column(s): {', '.join(unknown)}")
     frames, env = [], None
     for f in sweep_files(path):
         meta = _read_meta(f)
         try:
-            table = pq.read_table(f, columns=list(COLUMNS))
+            table = pq.read_table(f, columns=wanted)
         except (pa.ArrowInvalid, OSError) as e:
             raise KernelsightError(f"{f}: not a readable Parquet file (truncated or corrupt?): "
                                    f"{str(e).splitlines()[0]}") from None
@@ -215,7 +217,7 @@ def read_sweep(path, validate: bool = True) -> pd.DataFrame:
         if env is None:
             env = json.loads(meta.get(META_ENV, b"{}"))
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    if validate:
+    if validate and columns is None:
         _check_values(df, str(path))
     df.attrs["environment"] = env or {}
     return df

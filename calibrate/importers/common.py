@@ -25,7 +25,6 @@ import pyarrow.parquet as pq
 
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.families import SHAPE_COLUMNS, get_family
-from kernelsight.predictor.families.base import _field_violation, as_arrays
 from kernelsight.predictor.hardware import load_hardware, resolve_device
 from kernelsight.predictor.roofline import roofline_frame
 from kernelsight.predictor.sweep import COLUMNS, with_cost, write_sweep
@@ -139,23 +138,8 @@ def candidates(count: int, /, **columns) -> pd.DataFrame:
 def shape_problems(family: str, part: pd.DataFrame) -> np.ndarray:
     """Per row: why its shape is invalid under the family's own rules, or None."""
     fam = get_family(family)
-    reasons = np.full(len(part), None, dtype=object)
-    for f in fam.fields:
-        if f.name not in part.columns:
-            reasons[:] = f"invalid shape: {family}.{f.name} missing"
-            return reasons
-        bad, why = _field_violation(f, part[f.name].to_numpy())
-        if bad is not None:
-            bad = np.asarray(bad, dtype=bool) & (reasons == None)  # noqa: E711 (element-wise)
-            reasons[bad] = f"invalid shape: {family}.{f.name} {why}"
-    ok = reasons == None  # noqa: E711
-    if ok.any() and fam.checks:
-        arrays = as_arrays({c: part[c].to_numpy()[ok] for c in fam.columns}, fam.fields)
-        positions = np.flatnonzero(ok)
-        for mask_fn, message in fam.checks:
-            bad = np.asarray(mask_fn(arrays), dtype=bool)
-            hit = positions[bad & (reasons[positions] == None)]  # noqa: E711
-            reasons[hit] = f"invalid shape: {family}: {message}"
+    reasons = fam.violations({c: part[c].to_numpy() for c in fam.columns if c in part.columns})
+    reasons[reasons != None] = ["invalid shape: " + r for r in reasons[reasons != None]]  # noqa: E711
     return reasons
 
 

@@ -69,29 +69,43 @@ class Family:
         return tuple(f.name for f in self.fields)
 
     # -- validation -----------------------------------------------------
+    def violations(self, cols: Columns, with_values: bool = False) -> np.ndarray:
+        """Per row, why its shape is invalid (the first rule it breaks), or None when valid.
+
+        Without values the reasons group well (import reports count rows per reason).
+        """
+        n = _length(cols)
+        reasons = np.full(n, None, dtype=object)
+        for f in self.fields:
+            if f.name not in cols:
+                reasons[:] = f"{self.name}: missing shape field {f.name!r}"
+                return reasons
+            v = np.asarray(cols[f.name]).reshape(-1)
+            bad, why = _field_violation(f, v)
+            for i in np.flatnonzero(bad & (reasons == None)):  # noqa: E711 (element-wise)
+                shown = f" = {_item(v, i)!r}:" if with_values else ""
+                reasons[i] = f"{self.name}.{f.name}{shown} {why}"
+        ok = reasons == None  # noqa: E711
+        if ok.any() and self.checks:
+            arrays = as_arrays({c: np.asarray(cols[c]).reshape(-1)[ok] for c in self.columns}, self.fields)
+            positions = np.flatnonzero(ok)
+            for mask_fn, message in self.checks:
+                hit = positions[np.asarray(mask_fn(arrays), dtype=bool)]
+                reasons[hit[reasons[hit] == None]] = f"{self.name}: {message}"  # noqa: E711
+        return reasons
+
     def validate(self, cols: Columns, where: str = "", index=None) -> dict:
         """Validated columns as arrays; else one KernelsightError line naming the first bad row and field.
 
         index: row labels to report (a frame's index); default: positions.
         """
-        n = _length(cols) if index is None else 2  # a frame's rows are always named
-        label = (lambda i: index[i]) if index is not None else (lambda i: i)
-        for f in self.fields:
-            if f.name not in cols:
-                raise KernelsightError(f"{where}{self.name}: missing shape field {f.name!r}")
-            v = cols[f.name]
-            bad, why = _field_violation(f, v)
-            if bad is not None and bad.any():
-                i = int(np.flatnonzero(bad)[0])
-                raise KernelsightError(
-                    f"{where}{_row(label(i), n)}{self.name}.{f.name} = {_item(v, i)!r}: {why}")
-        arrays = as_arrays(cols, self.fields)
-        for mask_fn, message in self.checks:
-            bad = np.asarray(mask_fn(arrays), dtype=bool)
-            if bad.any():
-                i = int(np.flatnonzero(bad)[0])
-                raise KernelsightError(f"{where}{_row(label(i), n)}{self.name}: {message}")
-        return arrays
+        reasons = self.violations(cols, with_values=True)
+        bad = np.flatnonzero(reasons != None)  # noqa: E711
+        if len(bad):
+            i = int(bad[0])
+            row = f"row {index[i]}: " if index is not None else (f"row {i}: " if len(reasons) > 1 else "")
+            raise KernelsightError(f"{where}{row}{reasons[i]}")
+        return as_arrays(cols, self.fields)
 
     # -- cost -------------------------------------------------------------
     def cost(self, cols: Columns, index=None) -> Cost:
@@ -200,10 +214,6 @@ def _length(cols: Columns) -> int:
     for v in cols.values():
         return int(np.asarray(v).reshape(-1).shape[0])
     return 0
-
-
-def _row(i, n: int) -> str:
-    return f"row {i}: " if n > 1 else ""
 
 
 def _item(v, i):

@@ -1,0 +1,168 @@
+"""Engine profiles: what a serving engine schedules, fuses, graphs and spends on the host.
+
+conf/engine/<name>.yaml (Hydra group `engine=`) documents the meaning and unit
+of every key; this module is its typed schema. Sections:
+  scheduler   token budget, sequence cap, KV page size, memory fraction, prefix
+              caching, chunked prefill (read by the scheduler and memory.py)
+  kernels     which ops run fused (read by graph.py)
+  cuda_graph  which steps replay a captured graph, at which padded sizes
+  host        CPU time per step and whether it overlaps GPU work (pricing.py)
+  memory      the non-KV memory terms of vLLM's profile run (memory.py)
+"""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from kernelsight.predictor.errors import KernelsightError, did_you_mean
+from kernelsight.predictor.paths import conf_dir
+
+from .schema import Spec, check, plain, read_yaml
+
+GRAPH_MODES = ("full_and_piecewise", "full_decode_only", "piecewise")
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    block_size: int
+    gpu_memory_utilization: float
+    enable_prefix_caching: bool
+    enable_chunked_prefill: bool
+    long_prefill_token_threshold: int
+
+
+@dataclass(frozen=True)
+class KernelSettings:
+    fused_add_rms_norm: bool
+    silu_and_mul: bool
+    rope_in_place: bool
+    qkv_fused: bool
+    gate_up_fused: bool
+
+
+@dataclass(frozen=True)
+class CudaGraphSettings:
+    enabled: bool
+    mode: str
+    capture_sizes: tuple
+
+    @property
+    def max_size(self) -> int:
+        return self.capture_sizes[-1] if self.enabled else 0
+
+    def padded(self, tokens: int) -> int:
+        """The capture size a batch of `tokens` is padded up to (tokens itself when none is large enough)."""
+        i = bisect.bisect_left(self.capture_sizes, tokens)
+        return self.capture_sizes[i] if i < len(self.capture_sizes) else tokens
+
+
+@dataclass(frozen=True)
+class HostSettings:
+    async_scheduling: bool
+    step_overhead_us: float
+    per_request_us: float
+    sampler_us: float
+    kernel_launch_us: float
+    graph_launch_us: float
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    total_reserved_fraction: float
+    non_torch_gib: float
+    collective_buffers_gib: float
+    cuda_graph_gib: float
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    name: str
+    engine: str
+    scheduler: SchedulerSettings
+    kernels: KernelSettings
+    cuda_graph: CudaGraphSettings
+    host: HostSettings
+    memory: MemorySettings
+    source: str = ""
+
+    @classmethod
+    def from_mapping(cls, data: Any, source: str = "<mapping>") -> "EngineProfile":
+        v = check(data, _FIELDS, source)
+        graph = v["cuda_graph"]
+        sizes = graph["capture_sizes"]
+        if list(sizes) != sorted(set(sizes)):
+            raise KernelsightError(f"{source}: field 'cuda_graph.capture_sizes' must be strictly increasing")
+        sched = v["scheduler"]
+        if sched["max_num_batched_tokens"] < sched["max_num_seqs"]:
+            raise KernelsightError(f"{source}: field 'scheduler.max_num_batched_tokens' = "
+                                   f"{sched['max_num_batched_tokens']} must be >= scheduler.max_num_seqs = "
+                                   f"{sched['max_num_seqs']} (vLLM refuses this too)")
+        return cls(name=v["name"], engine=v["engine"], scheduler=SchedulerSettings(**sched),
+                   kernels=KernelSettings(**v["kernels"]), cuda_graph=CudaGraphSettings(**graph),
+                   host=HostSettings(**v["host"]), memory=MemorySettings(**v["memory"]), source=source)
+
+
+_FIELDS = {
+    "name": Spec("str"),
+    "engine": Spec("str"),
+    "scheduler": Spec("section", fields={
+        "max_num_batched_tokens": Spec("pos"),
+        "max_num_seqs": Spec("pos"),
+        "block_size": Spec("pos"),
+        "gpu_memory_utilization": Spec("fraction"),
+        "enable_prefix_caching": Spec("bool"),
+        "enable_chunked_prefill": Spec("bool"),
+        "long_prefill_token_threshold": Spec("nonneg"),
+    }),
+    "kernels": Spec("section", fields={
+        "fused_add_rms_norm": Spec("bool"),
+        "silu_and_mul": Spec("bool"),
+        "rope_in_place": Spec("bool"),
+        "qkv_fused": Spec("bool"),
+        "gate_up_fused": Spec("bool"),
+    }),
+    "cuda_graph": Spec("section", fields={
+        "enabled": Spec("bool"),
+        "mode": Spec("choice", choices=GRAPH_MODES),
+        "capture_sizes": Spec("ints"),
+    }),
+    "host": Spec("section", fields={
+        "async_scheduling": Spec("bool"),
+        "step_overhead_us": Spec("number"),
+        "per_request_us": Spec("number"),
+        "sampler_us": Spec("number"),
+        "kernel_launch_us": Spec("number"),
+        "graph_launch_us": Spec("number"),
+    }),
+    "memory": Spec("section", fields={
+        "total_reserved_fraction": Spec("number"),
+        "non_torch_gib": Spec("number"),
+        "collective_buffers_gib": Spec("number"),
+        "cuda_graph_gib": Spec("number"),
+    }),
+}
+
+
+def engine_dir() -> Path:
+    return conf_dir() / "engine"
+
+
+def load_engine(name_or_mapping: str | Path | Mapping) -> EngineProfile:
+    """An engine profile by shipped name (conf/engine/<name>.yaml), .yaml path, or composed mapping."""
+    if isinstance(name_or_mapping, EngineProfile):
+        return name_or_mapping
+    if not isinstance(name_or_mapping, (str, Path)):
+        return EngineProfile.from_mapping(plain(name_or_mapping), "engine config")
+    path = Path(name_or_mapping)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return EngineProfile.from_mapping(read_yaml(path, "engine"), str(path))
+    candidate = engine_dir() / f"{name_or_mapping}.yaml"
+    if candidate.is_file():
+        return EngineProfile.from_mapping(read_yaml(candidate, "engine"), f"conf/engine/{name_or_mapping}.yaml")
+    known = sorted(p.stem for p in engine_dir().glob("*.yaml"))
+    raise KernelsightError(f"unknown engine profile {str(name_or_mapping)!r}{did_you_mean(str(name_or_mapping), known)}; "
+                           f"available: {', '.join(known)}")

@@ -1,0 +1,158 @@
+"""Parallel layout of one model replica: tensor (tp), pipeline (pp), expert (ep) and data (dp) parallelism.
+
+conf/parallel/<name>.yaml (Hydra group `parallel=`). The semantics follow vLLM:
+- tp shards attention heads, MLP width and the (64-padded) vocabulary. When tp
+  exceeds the KV heads, each GPU keeps one KV head (replicated), so tp must
+  divide the KV heads or be a multiple of them.
+- pp splits the layers into ceil(layers / pp)-layer stages; the first stage
+  also holds the embedding, the last the final norm and LM head.
+- ep splits the routed experts of a MoE layer over ep GPUs of the tp group;
+  the remaining moe_tp = tp / ep factor shards each expert's width.
+- dp is the number of independent replicas (behind a router); it does not
+  change what one GPU holds or runs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from kernelsight.predictor.dtypes import dtype_bytes
+from kernelsight.predictor.errors import KernelsightError, did_you_mean
+from kernelsight.predictor.families.collectives import LINKS
+from kernelsight.predictor.paths import conf_dir
+
+from .model import ModelConfig
+from .schema import Spec, check, plain, read_yaml
+
+VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE for VocabParallelEmbedding / ParallelLMHead
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """tp * pp GPUs per replica, dp replicas; link: the fabric of TP/EP collectives, pp_link: of the
+    hop between pipeline stages (net when the stages sit on different nodes)."""
+
+    name: str
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    dp: int = 1
+    link: str = "nvlink"
+    pp_link: str = "nvlink"
+    source: str = ""
+
+    @property
+    def gpus_per_replica(self) -> int:
+        return self.tp * self.pp
+
+    @property
+    def moe_tp(self) -> int:
+        """Shards of each expert's width: the tp factor left after splitting experts over ep."""
+        return self.tp // self.ep
+
+    @classmethod
+    def from_mapping(cls, data: Any, source: str = "<mapping>") -> "ParallelConfig":
+        values = check(data, _FIELDS, source)
+        if values["tp"] % values["ep"]:
+            raise KernelsightError(f"{source}: field 'ep' = {values['ep']} must divide tp = {values['tp']} "
+                                   f"(experts are split over the GPUs of one tensor-parallel group)")
+        return cls(**values, source=source)
+
+
+_FIELDS = {
+    "name": Spec("str"),
+    "tp": Spec("pos", default=1),
+    "pp": Spec("pos", default=1),
+    "ep": Spec("pos", default=1),
+    "dp": Spec("pos", default=1),
+    "link": Spec("choice", default="nvlink", choices=LINKS),
+    "pp_link": Spec("choice", default="nvlink", choices=LINKS),
+}
+
+
+def load_parallel(name_or_mapping: str | Path | Mapping) -> ParallelConfig:
+    """A layout by shipped name (conf/parallel/<name>.yaml), .yaml path, or composed mapping."""
+    if isinstance(name_or_mapping, ParallelConfig):
+        return name_or_mapping
+    if not isinstance(name_or_mapping, (str, Path)):
+        return ParallelConfig.from_mapping(plain(name_or_mapping), "parallel config")
+    path = Path(name_or_mapping)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return ParallelConfig.from_mapping(read_yaml(path, "parallel"), str(path))
+    directory = conf_dir() / "parallel"
+    candidate = directory / f"{name_or_mapping}.yaml"
+    if candidate.is_file():
+        return ParallelConfig.from_mapping(read_yaml(candidate, "parallel"), f"conf/parallel/{name_or_mapping}.yaml")
+    known = sorted(p.stem for p in directory.glob("*.yaml"))
+    raise KernelsightError(f"unknown parallel layout {str(name_or_mapping)!r}"
+                           f"{did_you_mean(str(name_or_mapping), known)}; available: {', '.join(known)}")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """What one GPU of the layout holds and runs of one model (per layer unless noted)."""
+
+    heads: int
+    kv_heads: int
+    intermediate: int
+    experts: int
+    moe_intermediate: int
+    vocab: int              # LM-head / embedding rows per GPU (padded vocabulary / tp)
+    layers: int             # layers of the largest pipeline stage
+
+
+def shard(model: ModelConfig, par: ParallelConfig) -> Shard:
+    """Per-GPU sizes; refuses layouts vLLM refuses, with one line naming model, layout and numbers."""
+    tp = par.tp
+    where = f"model {model.name} with tp={tp}"
+
+    def fail(why: str):
+        raise KernelsightError(f"{where}: {why}")
+
+    if model.heads % tp:
+        fail(f"tp={tp} does not divide the {model.heads} attention heads")
+    if model.kv_heads >= tp and model.kv_heads % tp:
+        fail(f"tp={tp} does not divide the {model.kv_heads} KV heads")
+    if model.kv_heads < tp and tp % model.kv_heads:
+        fail(f"tp={tp} is not a multiple of the {model.kv_heads} KV heads (needed to replicate them)")
+    if model.intermediate % tp:
+        fail(f"tp={tp} does not divide the MLP width {model.intermediate}")
+    experts = moe_width = 0
+    if model.moe:
+        if model.moe.experts % par.ep:
+            fail(f"ep={par.ep} does not divide the {model.moe.experts} experts")
+        if model.moe.intermediate % par.moe_tp:
+            fail(f"tp/ep={par.moe_tp} does not divide the expert width {model.moe.intermediate}")
+        if model.moe.shared_intermediate % tp:
+            fail(f"tp={tp} does not divide the shared-expert width {model.moe.shared_intermediate}")
+        experts, moe_width = model.moe.experts // par.ep, model.moe.intermediate // par.moe_tp
+    elif par.ep > 1:
+        fail(f"ep={par.ep} needs a mixture-of-experts model")
+    if par.pp > model.layers:
+        fail(f"pp={par.pp} exceeds the {model.layers} layers")
+    padded_vocab = math.ceil(model.vocab / VOCAB_PADDING) * VOCAB_PADDING
+    return Shard(heads=model.heads // tp, kv_heads=max(1, model.kv_heads // tp),
+                 intermediate=model.intermediate // tp, experts=experts, moe_intermediate=moe_width,
+                 vocab=math.ceil(padded_vocab / tp), layers=math.ceil(model.layers / par.pp))
+
+
+def weight_bytes_per_gpu(model: ModelConfig, par: ParallelConfig) -> float:
+    """Bytes of weights on the most loaded GPU (largest pipeline stage, with the embedding or LM head).
+
+    Linear layers are stored in model.weight_dtype; embedding, LM head, norms
+    and router in the activation dtype (the FP8 checkpoints keep them 16-bit).
+    """
+    s = shard(model, par)
+    counts = model.param_counts()
+    n_layers, h = model.layers, model.hidden
+    wb, ab = dtype_bytes(model.weight_dtype), dtype_bytes(model.act_dtype)
+    sharded = counts["attn_q"] + counts["attn_o"] + counts["mlp"] + counts["experts"] + counts["shared_experts"]
+    per_layer = (wb * (sharded / par.tp + counts["attn_kv"] * s.kv_heads / model.kv_heads)
+                 + ab * (counts["qk_norm"] + counts["router"] + counts["norms"] - h)) / n_layers
+    table = ab * s.vocab * h  # one embedding or LM-head shard
+    first = table
+    last = (0 if model.tied_embeddings and par.pp == 1 else table) + ab * h
+    ends = first + last if par.pp == 1 else max(first, last)
+    return per_layer * s.layers + ends

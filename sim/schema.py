@@ -1,0 +1,140 @@
+"""Typed reading of the simulator's YAML configs (model, parallel, engine profile).
+
+Every config is a flat or nested mapping checked against a field table; a
+problem becomes ONE KernelsightError line naming the file (or Hydra group) and
+the dotted field, so `kernelsight simulate model=...` never shows a traceback
+for a bad config. Works on plain dicts and on Hydra/OmegaConf nodes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from kernelsight.predictor.errors import KernelsightError, did_you_mean
+
+_MISSING = object()
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One config field.
+
+    kind: 'pos' (integer >= 1), 'nonneg' (integer >= 0), 'number' (finite,
+    >= 0), 'fraction' (0 < x <= 1), 'bool', 'str', 'choice' (one of
+    `choices`), 'ints' (list of integers >= 1), 'section' (nested mapping
+    checked against `fields`), 'optional_section' (the same, or null).
+    default: used when the key is absent; no default means required.
+    """
+
+    kind: str
+    default: Any = _MISSING
+    choices: tuple = ()
+    fields: Mapping[str, "Spec"] | None = None
+    nullable: bool = False
+
+
+def plain(node: Any) -> Any:
+    """A Hydra/OmegaConf node as plain Python containers (anything else unchanged)."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - hydra-core is a core dependency
+        return node
+    if isinstance(node, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def read_yaml(path: str | Path, what: str) -> Any:
+    """Parsed YAML of `path`; unreadable, malformed or empty files are one-line errors."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise KernelsightError(f"{path}: cannot read {what} file: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise KernelsightError(f"{path}: malformed YAML{where}: {problem}") from None
+    if data is None:
+        raise KernelsightError(f"{path}: file is empty; expected a mapping of {what} fields")
+    return data
+
+
+def check(data: Any, fields: Mapping[str, Spec], source: str, prefix: str = "") -> dict:
+    """Validated plain dict of `data` against `fields` (defaults filled in)."""
+    data = plain(data)
+    if not isinstance(data, Mapping):
+        raise KernelsightError(f"{source}: expected a mapping{_at(prefix)}, got {type(data).__name__}")
+    for key in data:
+        if key not in fields:
+            raise KernelsightError(f"{source}: unknown field {prefix + str(key)!r}"
+                                   f"{did_you_mean(str(key), fields)}; known: {', '.join(fields)}")
+    out = {}
+    for name, spec in fields.items():
+        full = prefix + name
+        if name not in data:
+            if spec.default is _MISSING:
+                raise KernelsightError(f"{source}: missing field {full!r}")
+            out[name] = spec.default
+            continue
+        out[name] = _value(data[name], spec, source, full)
+    return out
+
+
+def _at(prefix: str) -> str:
+    return f" at {prefix.rstrip('.')!r}" if prefix else ""
+
+
+def _value(value: Any, spec: Spec, source: str, full: str) -> Any:
+    def fail(why: str):
+        raise KernelsightError(f"{source}: field {full!r} = {value!r}: {why}")
+
+    if value is None:
+        if spec.nullable or spec.kind == "optional_section":
+            return None
+        fail("must not be null")
+    kind = spec.kind
+    if kind in ("pos", "nonneg"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+            fail("must be an integer")
+        lo = 1 if kind == "pos" else 0
+        if value < lo:
+            fail(f"must be >= {lo}")
+        return int(value)
+    if kind in ("number", "fraction"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            fail("must be a finite number")
+        if kind == "fraction" and not 0 < value <= 1:
+            fail("must be in (0, 1]")
+        if value < 0:
+            fail("must be >= 0")
+        return float(value)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            fail("must be true or false")
+        return value
+    if kind == "str":
+        if not isinstance(value, str) or not value.strip():
+            fail("must be a non-empty string")
+        return value
+    if kind == "choice":
+        if value not in spec.choices:
+            fail(f"must be one of {list(spec.choices)}{did_you_mean(str(value), spec.choices)}")
+        return value
+    if kind == "ints":
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
+            fail("must be a non-empty list of integers")
+        for x in value:
+            if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+                fail(f"entry {x!r} must be an integer >= 1")
+        return tuple(int(x) for x in value)
+    if kind in ("section", "optional_section"):
+        return check(value, spec.fields, source, prefix=full + ".")
+    raise ValueError(f"unknown spec kind {kind!r}")  # a bug in a field table, not user input

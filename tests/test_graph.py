@@ -1,0 +1,253 @@
+"""Step -> kernels (hand-checked shapes, attention aggregation, MoE routing, collectives) and step pricing."""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import replace
+
+import pytest
+
+from kernelsight.predictor.families import get_family, make_shape
+from kernelsight.predictor.hardware import load_hardware
+from kernelsight.predictor.predict import Predictor
+from kernelsight.predictor.roofline import roofline_columns
+from kernelsight.sim.batch import StepBatch
+from kernelsight.sim.engine_profile import load_engine
+from kernelsight.sim.graph import step_kernels
+from kernelsight.sim.model import load_model
+from kernelsight.sim.parallel import ParallelConfig, load_parallel
+from kernelsight.sim.pricing import StepPricer
+
+H100 = load_hardware("h100_sxm")
+ENGINE = load_engine("vllm_v1")
+MIXED = StepBatch(prefill_new=(1000, 37), prefill_ctx=(0, 2048), decode_ctx=(100, 2000, 4097), prefill_sampled=1)
+
+
+def calls_by_name(model, batch, parallel="default", engine=ENGINE, **kw):
+    calls = step_kernels(load_model(model), batch, load_parallel(parallel) if isinstance(parallel, str) else parallel,
+                         engine, **kw)
+    names = [c.name for c in calls]
+    assert len(names) == len(set(names)), names
+    return {c.name: c for c in calls}
+
+
+def pricer(model="llama3.1-8b", parallel="default", engine=ENGINE, hw=H100):
+    return StepPricer(load_model(model), hw, engine, load_parallel(parallel), Predictor(hw, tier="roofline"))
+
+
+# -- kernels -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("parallel, tp", [("default", 1), ("tp2", 2)])
+def test_llama_8b_step_shapes_by_hand(parallel, tp):
+    c = calls_by_name("llama3.1-8b", MIXED, parallel)
+    tokens = 1000 + 37 + 3
+    assert c["qkv_proj"].cols == {"m": tokens, "n": (32 + 2 * 8) * 128 // tp, "k": 4096, "dtype": "bf16"}
+    assert c["qkv_proj"].cols["n"] == {1: 6144, 2: 3072}[tp]
+    assert c["o_proj"].cols == {"m": tokens, "n": 4096, "k": 4096 // tp, "dtype": "bf16"}
+    assert c["gate_up_proj"].cols == {"m": tokens, "n": 2 * 14336 // tp, "k": 4096, "dtype": "bf16"}
+    assert c["down_proj"].cols == {"m": tokens, "n": 4096, "k": 14336 // tp, "dtype": "bf16"}
+    assert c["act"].cols["intermediate"] == 14336 // tp
+    assert (c["rope"].cols["heads"], c["rope"].cols["kv_heads"]) == (32 // tp, 8 // tp)
+    assert c["kv_write"].cols["tokens"] == tokens
+    for name in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj", "act", "rope", "kv_write", "attn_decode",
+                 "attn_prefill"):
+        assert c[name].count == 32
+    # two residual norms per layer (all but layer 0's input norm) + the final norm; one plain norm
+    assert (c["add_rmsnorm"].count, c["rmsnorm"].count) == (64, 1)
+    assert c["embedding"].cols["numel"] == tokens * 4096
+    # LM head on the sampled rows only: the finishing prefill chunk + 3 decodes
+    assert c["lm_head"].cols == {"m": 4, "n": 128256 // tp, "k": 4096, "dtype": "bf16"}
+    assert c["sampling"].cols["numel"] == 4 * 128256
+    assert all(call.phase == "mixed" for name, call in c.items() if not name.startswith("attn"))
+    assert (c["attn_prefill"].phase, c["attn_decode"].phase) == ("prefill", "decode")
+    for call in c.values():  # every shape is valid for its family
+        get_family(call.family).cost(call.columns())
+
+
+def test_tp_allreduce_only_when_tensor_parallel():
+    for parallel in ("default", "tp2", "tp8"):
+        c = calls_by_name("llama3.1-8b", MIXED, parallel)
+        tp = load_parallel(parallel).tp
+        reduces = {n: call for n, call in c.items() if call.family == "allreduce"}
+        if tp == 1:
+            assert not reduces and "logits_gather" not in c
+            continue
+        assert set(reduces) == {"embedding_allreduce", "attn_allreduce", "mlp_allreduce"}
+        for name in ("attn_allreduce", "mlp_allreduce"):
+            assert reduces[name].count == 32
+            assert reduces[name].cols == {"msg_bytes": 1040 * 4096 * 2, "world_size": tp, "link": "nvlink",
+                                          "dtype": "bf16"}
+        assert c["logits_gather"].cols["msg_bytes"] == 4 * 128256 * 2
+
+
+def test_kv_heads_replicate_beyond_their_number():
+    c = calls_by_name("llama3.1-70b", MIXED, ParallelConfig("tp16", tp=16))
+    assert c["qkv_proj"].cols["n"] == (64 // 16 + 2 * 1) * 128
+    assert c["kv_write"].cols["kv_heads"] == 1
+
+
+def test_decode_attention_aggregate_equals_sum_over_sequences():
+    ctx = (17, 300, 1024, 4097, 9000, 15)
+    for model, kinds in (("llama3.1-8b", 1), ("gemma2-9b", 2)):
+        c = calls_by_name(model, StepBatch(decode_ctx=ctx))
+        decodes = [call for call in c.values() if call.family == "attn_decode"]
+        assert len(decodes) == kinds
+        for call in decodes:
+            one = {k: v for k, v in call.cols.items() if k not in ("batch", "seq_kv")}
+            per_seq = [make_shape("attn_decode", batch=1, seq_kv=n, **one) for n in ctx]
+            agg = make_shape("attn_decode", **call.cols)
+            assert agg.bytes == pytest.approx(sum(s.bytes for s in per_seq), rel=1e-3)
+            assert agg.flops == pytest.approx(sum(s.flops for s in per_seq), rel=1e-3)
+            if call.cols["window"]:  # Gemma-2's sliding layers read at most 4096 keys per sequence
+                assert call.cols["seq_kv"] == round(sum(min(n, 4096) for n in ctx) / len(ctx))
+
+
+def test_prefill_chunks_are_rows_of_one_launch_with_their_cached_prefix():
+    c = calls_by_name("llama3.1-8b", MIXED)["attn_prefill"]
+    assert c.num_rows == 2
+    assert list(c.cols["seq_q"]) == [1000, 37] and list(c.cols["seq_kv"]) == [1000, 37 + 2048]
+    cost = get_family("attn_prefill").cost(c.columns())
+    pairs = 1000 * 1001 / 2 + (37 * 2048 + 37 * 38 / 2)  # causal pairs: own chunk + whole cached prefix
+    assert cost.flops.sum() == pytest.approx(4 * 32 * 128 * pairs)
+
+
+def test_gemma2_layer_kinds_and_sandwich_norms():
+    c = calls_by_name("gemma2-9b", MIXED)
+    assert c["attn_decode[sliding]"].count == c["attn_decode[full]"].count == 21
+    assert (c["attn_prefill[sliding]"].cols["window"], c["attn_prefill[full]"].cols["window"]) == (4096, 0)
+    assert c["act"].cols["op"] == "gelu_tanh_mul"
+    assert (c["add_rmsnorm"].count, c["rmsnorm"].count) == (2 * 42, 1 + 2 * 42)
+    assert c["logit_softcap"].cols["numel"] == 4 * 256000
+
+
+def test_qwen3_qk_norm_over_every_head():
+    c = calls_by_name("qwen3-8b", MIXED)
+    assert c["qk_norm"].cols["tokens"] == 1040 * (32 + 8) and c["qk_norm"].cols["hidden"] == 128
+
+
+def test_moe_routing_and_expert_parallel_all_to_all():
+    tokens = 1040
+    model = load_model("qwen3-30b-a3b")
+    full = calls_by_name("qwen3-30b-a3b", MIXED)
+    assert "gate_up_proj" not in full and "moe_dispatch" not in full
+    assert full["router"].cols == {"m": tokens, "n": 128, "k": 2048, "dtype": "bf16"}
+    assert full["topk"].cols["numel"] == tokens * 128
+    assert full["experts"].cols == {"tokens": tokens, "experts": 128, "top_k": 8, "hidden": 2048,
+                                    "intermediate": 768, "dtype": "bf16"}
+    # TP4: every GPU holds all experts at a quarter of their width; EP4: a quarter of the experts, full width
+    tp4 = calls_by_name("qwen3-30b-a3b", MIXED, "tp4")["experts"].cols
+    assert (tp4["experts"], tp4["intermediate"]) == (128, 192)
+    ep = calls_by_name("qwen3-30b-a3b", MIXED, "tp4_ep4")
+    local = ep["experts"].cols
+    assert (local["experts"], local["intermediate"], local["top_k"]) == (32, 768, 8)
+    assert local["tokens"] * local["top_k"] == pytest.approx(tokens * 8 / 4, abs=8)  # this GPU's (token, expert) pairs
+    total_flops = 6 * tokens * 8 * 2048 * 768
+    assert 4 * make_shape("moe", **local).flops == pytest.approx(total_flops, rel=0.01)
+    assert 4 * make_shape("moe", **tp4).flops == pytest.approx(total_flops, rel=1e-9)
+    for name in ("moe_dispatch", "moe_combine"):
+        assert ep[name].family == "alltoall" and ep[name].count == model.layers
+        assert ep[name].cols["msg_bytes"] == tokens // 4 * 8 * 2048 * 2 and ep[name].cols["world_size"] == 4
+    # Mixtral over 4 expert-parallel GPUs: 2 experts each, both of a token's picks can land on one GPU
+    mix = calls_by_name("mixtral-8x7b", MIXED, "tp4_ep4")["experts"].cols
+    assert (mix["experts"], mix["top_k"], mix["intermediate"]) == (2, 2, 14336)
+
+
+def test_engine_fusion_switches():
+    unfused = replace(ENGINE, kernels=replace(ENGINE.kernels, fused_add_rms_norm=False, silu_and_mul=False,
+                                              rope_in_place=False, qkv_fused=False, gate_up_fused=False))
+    c = calls_by_name("llama3.1-8b", MIXED, engine=unfused)
+    for name in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "residual_add", "rope_copy", "act_mul"):
+        assert name in c
+    assert "qkv_proj" not in c and "add_rmsnorm" not in c
+    assert c["k_proj"].cols["n"] == 8 * 128 and c["act"].family == "elementwise"
+    assert c["rmsnorm"].count == 65 and c["residual_add"].count == 64
+
+
+# -- pricing -----------------------------------------------------------------------------------
+
+def random_batches(seed: int, n: int, budget: int = 8192, max_seqs: int = 256):
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        kind = rng.choice(("decode", "prefill", "mixed"))
+        decodes = tuple(rng.randint(1, 30000) for _ in range(rng.randint(1, max_seqs))) if kind != "prefill" else ()
+        chunks = []
+        room = budget - len(decodes)
+        while kind != "decode" and room > 0 and len(chunks) < 3:
+            new = rng.randint(1, room)
+            chunks.append((new, rng.choice((0, rng.randint(1, 20000)))))
+            room -= new
+        out.append(StepBatch(prefill_new=tuple(n for n, _ in chunks), prefill_ctx=tuple(c for _, c in chunks),
+                             decode_ctx=decodes, prefill_sampled=int(bool(chunks))))
+    return out
+
+
+@pytest.mark.parametrize("model, parallel", [("llama3.1-8b", "default"), ("gemma2-9b", "tp2"),
+                                             ("qwen3-30b-a3b", "tp4_ep4")])
+def test_memoised_step_time_is_within_half_a_percent_of_exact(model, parallel):
+    p = pricer(model, parallel)
+    worst = 0.0
+    for batch in random_batches(seed=7, n=120):
+        fast, exact = p.step_time(batch), p.step_time(batch, exact=True)
+        worst = max(worst, abs(fast.gpu_s - exact.gpu_s) / exact.gpu_s)
+        assert fast.host_s == exact.host_s
+    assert worst < 0.005
+
+
+def test_exact_step_time_is_the_sum_of_kernel_rooflines():
+    p = pricer()
+    batch = StepBatch(decode_ctx=(1024,) * 64)
+    kernel_s = sum(float(roofline_columns(k.call.family, k.call.columns(), H100)["t_roof"].sum()) * k.call.count
+                   for k in p.kernels(batch))
+    t = p.step_time(batch)
+    assert t.gpu_s == pytest.approx(kernel_s, rel=1e-9)  # decode at 64: full graph, GPU bound
+    host = ENGINE.host
+    assert t.host_s == pytest.approx((host.step_overhead_us + 64 * host.per_request_us + host.sampler_us) * 1e-6)
+    assert t.total_s == pytest.approx(t.gpu_s + t.host_s)  # no async scheduling in vllm_v1
+    overlapped = pricer(engine=replace(ENGINE, host=replace(ENGINE.host, async_scheduling=True))).step_time(batch)
+    assert overlapped.total_s == pytest.approx(max(t.gpu_s, t.host_s))
+
+
+def test_cuda_graph_padding_and_launch_bound_eager_steps():
+    p = pricer()
+    padded = {k.call.name: k for k in p.kernels(StepBatch(decode_ctx=(500,) * 13))}
+    assert padded["qkv_proj"].call.cols["m"] == 16  # 13 decodes replay the 16-token graph
+    assert padded["attn_decode"].call.cols["batch"] == 13 and padded["lm_head"].call.cols["m"] == 13
+    mixed = {k.call.name: k for k in p.kernels(StepBatch(prefill_new=(300,), prefill_ctx=(0,), decode_ctx=(9,)))}
+    assert mixed["qkv_proj"].call.cols["m"] == 304  # piecewise graph of 304 tokens
+    big = {k.call.name: k for k in p.kernels(StepBatch(prefill_new=(1000,), prefill_ctx=(0,)))}
+    assert big["qkv_proj"].call.cols["m"] == 1000  # above the largest capture size: eager, unpadded
+    batch = StepBatch(decode_ctx=(64,))
+    graphed = p.step_time(batch)
+    kernel_s = sum(k.total_s for k in p.kernels(batch))
+    assert graphed.gpu_s == pytest.approx(kernel_s)  # one graph launch hides behind 4.5 ms of weight reads
+    slow_cpu = replace(ENGINE.host, kernel_launch_us=30.0)
+    eager = pricer(engine=replace(ENGINE, host=slow_cpu, cuda_graph=replace(ENGINE.cuda_graph, enabled=False)))
+    launches = sum(k.call.count for k in p.kernels(batch))
+    assert eager.step_time(batch).gpu_s == pytest.approx(launches * 30e-6)  # launch bound: GPU waits for the CPU
+    assert eager.breakdown(batch)["family"]["launch"] == pytest.approx(launches * 30e-6 - kernel_s)
+
+
+def test_breakdown_adds_up_by_family_and_phase():
+    p = pricer("qwen3-30b-a3b", "tp4_ep4")
+    for batch in random_batches(seed=3, n=20) + [StepBatch(decode_ctx=(5,))]:
+        b = p.breakdown(batch)
+        assert sum(b["family"].values()) == pytest.approx(b["gpu_s"], rel=1e-9)
+        assert sum(b["phase"].values()) == pytest.approx(b["gpu_s"], rel=1e-9)
+        assert b["gpu_s"] == pytest.approx(p.step_time(batch).gpu_s, rel=1e-12)
+        if not batch.prefill_new:
+            assert b["phase"]["prefill"] == 0
+    assert p.step_time(StepBatch()).total_s == 0 and p.kernels(StepBatch()) == []
+
+
+def test_pricing_is_fast_enough_for_20k_steps():
+    p = pricer()
+    batches = random_batches(seed=11, n=400)
+    for batch in batches:  # first use builds the lazily memoised decode tables
+        p.step_time(batch)
+    start = time.perf_counter()
+    for _ in range(10):
+        for batch in batches:
+            p.step_time(batch)
+    per_step = (time.perf_counter() - start) / (10 * len(batches))
+    assert per_step < 100e-6, f"{per_step * 1e6:.1f} us per step"

@@ -1,0 +1,232 @@
+"""Model configs, parallel layouts and KV-cache sizing: shipped files, published numbers, bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from kernelsight.predictor.errors import KernelsightError
+from kernelsight.predictor.hardware import load_hardware
+from kernelsight.sim.engine_profile import load_engine
+from kernelsight.sim.memory import GiB, kv_cache_blocks, memory_plan
+from kernelsight.sim.model import ModelConfig, from_hf, list_models, load_hf_config, load_model, model_dir
+from kernelsight.sim.parallel import ParallelConfig, load_parallel, shard, weight_bytes_per_gpu
+
+PROVENANCE = ("name", "hf_repo", "hf_config")
+
+# Published parameter counts (model cards): total and, for MoE, activated per token.
+PUBLISHED = {
+    "llama3.1-8b": (8.03e9, None),
+    "llama3.1-70b": (70.6e9, None),
+    "qwen3-8b": (8.2e9, None),
+    "qwen3-32b": (32.8e9, None),
+    "mistral-7b": (7.25e9, None),
+    "gemma2-9b": (9.24e9, None),
+    "phi-4": (14.7e9, None),
+    "qwen3-30b-a3b": (30.5e9, 3.3e9),
+    "qwen3-235b-a22b": (235e9, 22e9),
+    "mixtral-8x7b": (46.7e9, 12.9e9),
+}
+
+LLAMA_8B_HF = {
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+    "max_position_embeddings": 131072, "num_attention_heads": 32, "num_hidden_layers": 32,
+    "num_key_value_heads": 8, "hidden_act": "silu", "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "vocab_size": 128256,
+}
+
+
+def test_every_shipped_model_loads_and_matches_its_config_json():
+    names = list_models()
+    assert {"llama3.1-8b", "llama3.1-70b", "qwen3-8b", "qwen3-32b", "mistral-7b", "gemma2-9b", "phi-4",
+            "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b"} <= set(names)
+    compared = 0
+    for name in names:
+        model = load_model(name)
+        assert model.name == name
+        if model.hf_config is None:
+            continue
+        reference = load_hf_config(model_dir() / model.hf_config).as_dict()
+        ours = model.as_dict()
+        for field in PROVENANCE:
+            ours.pop(field), reference.pop(field)
+        assert ours == reference, name
+        compared += 1
+    assert compared >= 9
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameter_counts_match_the_model_cards(name):
+    total, active = PUBLISHED[name]
+    model = load_model(name)
+    assert model.num_params() == pytest.approx(total, rel=0.02)
+    assert model.active_params() == pytest.approx(active or total, rel=0.02)
+
+
+def test_fp8_checkpoints_set_weight_and_kv_dtypes(tmp_path):
+    # ModelOpt layout: <stem>_config.json + <stem>_hf_quant_config.json (as in conf/model/hf), and the
+    # plain config.json + hf_quant_config.json of a downloaded checkpoint directory.
+    quant = {"quantization": {"quant_algo": "FP8", "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]}}
+    (tmp_path / "nvidia--Llama-3.1-8B-FP8_config.json").write_text(json.dumps(LLAMA_8B_HF))
+    (tmp_path / "nvidia--Llama-3.1-8B-FP8_hf_quant_config.json").write_text(json.dumps(quant))
+    m = load_model(tmp_path / "nvidia--Llama-3.1-8B-FP8_config.json")
+    assert (m.weight_dtype, m.kv_dtype, m.hf_repo) == ("fp8", "fp8", "nvidia/Llama-3.1-8B-FP8")
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "config.json").write_text(json.dumps({**LLAMA_8B_HF, "quantization_config": {"quant_method": "fp8"}}))
+    m = load_model(ckpt)
+    assert (m.weight_dtype, m.kv_dtype) == ("fp8", "bf16")
+    assert load_model("llama3.1-70b-fp8").kv_dtype == "fp8"
+    # FP8 weights halve the linear layers, not the 16-bit embedding and LM head
+    bf16, fp8 = load_model("llama3.1-70b"), load_model("llama3.1-70b-fp8")
+    par = load_parallel("tp4")
+    table = 2 * 2 * bf16.vocab * bf16.hidden / 4
+    assert weight_bytes_per_gpu(fp8, par) == pytest.approx((weight_bytes_per_gpu(bf16, par) - table) / 2 + table,
+                                                           rel=1e-3)
+
+
+def test_hf_parsing_follows_vllm_defaults():
+    m = from_hf({**LLAMA_8B_HF, "num_key_value_heads": None, "torch_dtype": "float32"}, "x--y", "mem")
+    assert (m.kv_heads, m.head_dim, m.weight_dtype) == (32, 128, "bf16")
+    gemma = from_hf({"architectures": ["Gemma2ForCausalLM"], "hidden_size": 3584, "num_attention_heads": 16,
+                     "num_key_value_heads": 8, "head_dim": 256, "intermediate_size": 14336, "vocab_size": 256000,
+                     "num_hidden_layers": 42, "max_position_embeddings": 8192, "hidden_act": "gelu_pytorch_tanh",
+                     "hidden_activation": "gelu_pytorch_tanh", "sliding_window": 4096,
+                     "final_logit_softcapping": 30.0, "torch_dtype": "float32"}, "google--gemma-2-9b", "mem")
+    shipped = load_model("gemma2-9b").as_dict()
+    ours = gemma.as_dict()
+    for field in PROVENANCE:
+        ours.pop(field), shipped.pop(field)
+    assert ours == shipped
+    kinds = {k.name: (k.count, k.window) for k in gemma.layer_kinds()}
+    assert kinds == {"sliding": (21, 4096), "full": (21, 0)}
+
+
+def test_unsupported_architecture_is_refused_by_name(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA_8B_HF, "architectures": ["DeepseekV3ForCausalLM"]}))
+    with pytest.raises(KernelsightError, match="'DeepseekV3ForCausalLM' is not supported") as e:
+        load_model(path)
+    assert "\n" not in str(e.value) and str(path) in str(e.value)
+    with pytest.raises(KernelsightError, match="quant_method 'awq' is not supported"):
+        from_hf({**LLAMA_8B_HF, "quantization_config": {"quant_method": "awq"}}, "x", "cfg")
+
+
+def _yaml_error(tmp_path, **changes) -> str:
+    data = load_model("llama3.1-8b").as_dict()
+    for key, value in changes.items():
+        if value is None and key.startswith("drop_"):
+            data.pop(key.removeprefix("drop_"))
+        else:
+            data[key] = value
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(KernelsightError) as e:
+        load_model(path)
+    message = str(e.value)
+    assert "\n" not in message and "bad.yaml" in message
+    return message
+
+
+def test_bad_model_yaml_gets_one_line_naming_file_and_field(tmp_path):
+    assert "unknown field 'hidden_sise'" in _yaml_error(tmp_path, hidden_sise=4096)
+    assert "missing field 'vocab'" in _yaml_error(tmp_path, drop_vocab=None)
+    assert "'kv_heads'" in _yaml_error(tmp_path, kv_heads=5)
+    assert "'sliding_layers'" in _yaml_error(tmp_path, sliding_window=4096)
+    assert "'moe'" in _yaml_error(tmp_path, moe={"experts": 8, "top_k": 2, "intermediate": 1024})
+    assert "'architecture'" in _yaml_error(tmp_path, architecture="GPT2LMHeadModel")
+    assert "'layers'" in _yaml_error(tmp_path, layers=-3)
+    with pytest.raises(KernelsightError, match="unknown model 'llama3.1-8'.*did you mean 'llama3.1-8b'"):
+        load_model("llama3.1-8")
+
+
+def test_tensor_parallel_shards_and_kv_head_replication():
+    llama70 = load_model("llama3.1-70b")
+    s = shard(llama70, ParallelConfig("tp16", tp=16))
+    assert (s.heads, s.kv_heads) == (4, 1)  # 8 KV heads over 16 GPUs: each keeps one (replicated)
+    with pytest.raises(KernelsightError, match="tp=4 does not divide the 10 KV heads"):
+        shard(load_model("phi-4"), load_parallel("tp4"))
+    gqa12 = ModelConfig(**{**vars(load_model("llama3.1-8b")), "heads": 48, "kv_heads": 12})
+    with pytest.raises(KernelsightError, match="tp=16 is not a multiple of the 12 KV heads"):
+        shard(gqa12, ParallelConfig("tp16", tp=16))
+    with pytest.raises(KernelsightError, match="tp=3 does not divide the 32 attention heads"):
+        shard(load_model("llama3.1-8b"), ParallelConfig("tp3", tp=3))
+    with pytest.raises(KernelsightError, match="ep=16 does not divide the 8 experts"):
+        shard(load_model("mixtral-8x7b"), ParallelConfig("x", tp=16, ep=16))
+    with pytest.raises(KernelsightError, match="'ep' = 4 must divide tp = 2"):
+        ParallelConfig.from_mapping({"name": "x", "tp": 2, "ep": 4}, "conf/parallel/x.yaml")
+    with pytest.raises(KernelsightError, match="unknown field 'tensor_parallel'"):
+        ParallelConfig.from_mapping({"name": "x", "tensor_parallel": 2}, "conf/parallel/x.yaml")
+    assert load_parallel("default") == ParallelConfig("default", source="conf/parallel/default.yaml")
+
+
+def test_weight_bytes_per_gpu():
+    llama = load_model("llama3.1-8b")
+    assert weight_bytes_per_gpu(llama, load_parallel("default")) == 2 * llama.num_params()
+    # vLLM logs "Model loading took 14.99 GiB" for Llama-3.1-8B in bf16 (weights plus small buffers)
+    assert weight_bytes_per_gpu(llama, load_parallel("default")) / GiB == pytest.approx(14.99, abs=0.05)
+    tp2 = weight_bytes_per_gpu(llama, load_parallel("tp2"))
+    assert tp2 == pytest.approx(weight_bytes_per_gpu(llama, load_parallel("default")) / 2, rel=0.01)
+    # expert parallelism moves whole experts, tensor parallelism slices them: same bytes per GPU
+    qwen = load_model("qwen3-30b-a3b")
+    assert weight_bytes_per_gpu(qwen, load_parallel("tp4_ep4")) == pytest.approx(
+        weight_bytes_per_gpu(qwen, load_parallel("tp4")), rel=1e-9)
+    # pipeline stages hold half the layers; the first keeps the embedding, the last the LM head
+    pp = weight_bytes_per_gpu(load_model("llama3.1-70b"), ParallelConfig("pp2", tp=2, pp=2))
+    assert pp == pytest.approx(weight_bytes_per_gpu(load_model("llama3.1-70b"), load_parallel("tp4")),
+                               rel=0.02)
+
+
+def test_kv_blocks_of_llama_8b_on_h100_match_vllm_logs():
+    """vLLM start-up logs for Llama-3(.1)-8B in bf16 on one 80 GB H100, gpu_memory_utilization 0.9,
+    block size 16, found with the search tool (quoted in public repositories and NVIDIA's NVCF NIM docs):
+      V0 profiling: "total_gpu_memory (79.15GiB) x gpu_memory_utilization (0.90) = 71.23GiB ... model weights
+        take 14.99GiB; non_torch_memory takes 0.11GiB; PyTorch activation peak memory takes 1.20GiB; the rest
+        of the memory reserved for KV Cache is 54.93GiB." -> "# GPU blocks: 28123, # CPU blocks: 2048"
+      NVCF llama3-8b-instruct NIM example log (vLLM 0.4.1): "# GPU blocks: 27793"
+    i.e. about 28,000 blocks (448k tokens)."""
+    hw = load_hardware("h100_sxm")
+    plan = memory_plan(load_model("llama3.1-8b"), hw, load_engine("vllm_v1"), load_parallel("default"))
+    assert plan.blocks == pytest.approx(28_000, rel=0.10)
+    assert plan.total / GiB == pytest.approx(79.15, abs=0.2)
+    assert plan.activations / GiB == pytest.approx(1.2, abs=0.3)
+    assert plan.block_bytes == 16 * 32 * 2 * 8 * 128 * 2
+
+
+def test_kv_blocks_scale_with_memory_dtype_and_layout():
+    hw, engine = load_hardware("h100_sxm"), load_engine("vllm_v1")
+    llama = load_model("llama3.1-8b")
+    bf16 = kv_cache_blocks(llama, hw, engine, load_parallel("default"))
+    fp8 = kv_cache_blocks(ModelConfig(**{**vars(llama), "kv_dtype": "fp8"}), hw, engine, load_parallel("default"))
+    assert fp8 == pytest.approx(2 * bf16, rel=0.001)
+    h200 = kv_cache_blocks(llama, load_hardware("h200_sxm"), engine, load_parallel("default"))
+    assert h200 > 1.9 * bf16  # 141 GB instead of 80 GB, the same 16.7 GiB of weights and activations
+    # 70B at TP2 barely fits: a few GiB of KV cache, as vLLM reports
+    plan = memory_plan(load_model("llama3.1-70b"), hw, engine, load_parallel("tp2"))
+    assert 1 < plan.kv_cache / GiB < 5
+
+
+def test_model_that_does_not_fit_is_one_line_with_the_numbers():
+    with pytest.raises(KernelsightError) as e:
+        memory_plan(load_model("llama3.1-70b"), load_hardware("h100_sxm"), load_engine("vllm_v1"),
+                    load_parallel("default"))
+    message = str(e.value)
+    assert "\n" not in message
+    assert "does not fit on h100_sxm: 131.4 GiB of weights per GPU at tp=1" in message
+    assert "71.3 GiB usable" in message
+
+
+def test_engine_profile_schema_refuses_bad_values(tmp_path):
+    engine = yaml.safe_load((model_dir().parent / "engine" / "vllm_v1.yaml").read_text())
+    assert load_engine("vllm_v1").scheduler.max_num_batched_tokens == 8192
+    engine["scheduler"]["gpu_memory_utilization"] = 1.5
+    path = tmp_path / "e.yaml"
+    path.write_text(yaml.safe_dump(engine))
+    with pytest.raises(KernelsightError, match="'scheduler.gpu_memory_utilization' = 1.5: must be in"):
+        load_engine(path)
+    engine["scheduler"]["gpu_memory_utilization"] = 0.9
+    engine["cuda_graph"]["capture_sizes"] = [1, 4, 2]
+    path.write_text(yaml.safe_dump(engine))
+    with pytest.raises(KernelsightError, match="strictly increasing"):
+        load_engine(path)
