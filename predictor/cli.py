@@ -108,7 +108,7 @@ def to_overrides(command: Command, args: list[str]) -> list[str]:
                 i += 1
             else:
                 out.append(f"{key}=true")
-        elif "=" not in arg and not arg.startswith("-"):
+        elif "=" not in arg and not arg.startswith(("-", "~", "+")):
             if command.positional is None:
                 raise KernelsightError(f"unexpected argument {arg!r}: settings are key=value")
             out.append(f"{command.positional}={arg}")

@@ -1,0 +1,74 @@
+"""The `kernelsight` entry point: command lookup, friendly arguments to Hydra overrides, one-line errors."""
+import shutil
+import subprocess
+
+import pytest
+
+from kernelsight.predictor import cli
+from kernelsight.predictor.cli import COMMANDS, Command, check_group_overrides, split_command, to_overrides
+from kernelsight.predictor.errors import KernelsightError
+
+PREDICT = Command("x:y", "predict", positional="sweep")
+
+
+def test_every_command_has_a_primary_config_and_an_importable_target():
+    import importlib
+
+    from kernelsight.predictor.paths import conf_dir
+    for name, command in COMMANDS.items():
+        assert (conf_dir() / f"{command.config_name(name)}.yaml").is_file(), name
+        module, func = command.target.split(":")
+        assert callable(getattr(importlib.import_module(module), func)), name
+
+
+def test_positional_and_flags_become_overrides():
+    assert to_overrides(PREDICT, ["run.parquet", "--tier", "cross", "--out=x.csv"]) == [
+        "sweep=run.parquet", "tier=cross", "out=x.csv"]
+    assert to_overrides(PREDICT, ["--quiet"]) == ["quiet=true"]
+    assert to_overrides(PREDICT, ["-m", "hardware=a,b", "--cfg", "job", "~x.y", "+z=1"]) == [
+        "-m", "hardware=a,b", "--cfg", "job", "~x.y", "+z=1"]
+    with pytest.raises(KernelsightError, match="settings are key=value"):
+        to_overrides(Command("x:y", "no positional"), ["file.parquet"])
+
+
+def test_two_word_commands_and_did_you_mean():
+    commands = dict(COMMANDS, **{"bench report": Command("x:y", "report", positional="sweep")})
+    old = dict(COMMANDS)
+    COMMANDS.clear()
+    COMMANDS.update(commands)
+    try:
+        assert split_command(["bench", "report", "s.parquet"]) == ("bench report", ["s.parquet"])
+        assert split_command(["roofline", "model=x"]) == ("roofline", ["model=x"])
+    finally:
+        COMMANDS.clear()
+        COMMANDS.update(old)
+    with pytest.raises(KernelsightError, match="did you mean 'roofline'"):
+        split_command(["roofine"])
+
+
+def test_group_override_typo_is_caught_before_hydra():
+    with pytest.raises(KernelsightError) as e:
+        check_group_overrides(["hardware=h100_smx"])
+    assert "did you mean 'h100_sxm'" in str(e.value) and "\n" not in str(e.value)
+    check_group_overrides(["hardware=h100_sxm", "hardware=a,b", "seed=3"])  # fine
+
+
+def test_main_prints_usage_and_exits_2_on_bad_command(capsys):
+    cli.main([])
+    assert "Commands:" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        cli.main(["nonsense"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("kernelsight: error: unknown command") and "\n" not in err
+
+
+def test_installed_entry_point_runs():
+    exe = shutil.which("kernelsight")
+    assert exe, "the kernelsight console script is not installed"
+    out = subprocess.run([exe, "--help"], capture_output=True, text=True, check=True)
+    for name in COMMANDS:
+        assert name in out.stdout
+    bad = subprocess.run([exe, "roofline", "hardware=h10O"], capture_output=True, text=True)
+    assert bad.returncode == 2
+    assert bad.stderr.count("\n") == 1 and "did you mean" in bad.stderr
