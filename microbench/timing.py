@@ -1,0 +1,157 @@
+"""Kernel timing: warm-up, repetitions to a time or count budget, robust statistics.
+
+On a GPU every repetition is bracketed by CUDA events on the stream, after an
+L2 flush (writing a buffer of 4x the L2, at least 256 MiB) in 'cold' mode, so
+each call starts with cold caches as in a real layer sequence; 'hot' skips the
+flush. Calls shorter than `graph_below_us` are replayed from a CUDA graph so
+launch gaps are not timed (recorded per row). On a CPU the same loop runs with
+time.perf_counter_ns and a last-level-cache flush buffer.
+
+Energy (NVML) is a separate loop of back-to-back calls lasting at least
+`min_seconds`, because the counter updates only every few tens of ms.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from kernelsight.predictor.errors import KernelsightError
+
+FLUSH_L2_MULTIPLE = 4          # the cold-L2 flush writes this many times the L2 ...
+FLUSH_MIN_BYTES = 256 << 20    # ... and at least this much
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    l2: str = "cold"              # 'cold' (flush before every timed call) or 'hot'
+    warmup: int = 3               # untimed calls before timing
+    min_reps: int = 10
+    max_reps: int = 200
+    budget_ms: float = 100.0      # stop after this much timed kernel time (once min_reps are done)
+    cuda_graph: str = "auto"      # 'auto' (replay calls < graph_below_us), 'on', 'off'
+    graph_below_us: float = 50.0
+    cpu_flush_mb: int = 64
+
+    def __post_init__(self):
+        if isinstance(self.cuda_graph, bool):  # YAML reads on/off as booleans
+            object.__setattr__(self, "cuda_graph", "on" if self.cuda_graph else "off")
+        if self.l2 not in ("cold", "hot"):
+            raise KernelsightError(f"timing.l2 = {self.l2!r}: must be 'cold' or 'hot'")
+        if self.cuda_graph not in ("auto", "on", "off"):
+            raise KernelsightError(f"timing.cuda_graph = {self.cuda_graph!r}: must be 'auto', 'on' or 'off'")
+        for name in ("warmup", "min_reps", "max_reps", "budget_ms", "graph_below_us", "cpu_flush_mb"):
+            if getattr(self, name) < (0 if name == "warmup" else 1):
+                raise KernelsightError(f"timing.{name} = {getattr(self, name)!r}: must be positive")
+        if self.min_reps > self.max_reps:
+            raise KernelsightError(f"timing.min_reps ({self.min_reps}) > timing.max_reps ({self.max_reps})")
+
+
+@dataclass(frozen=True)
+class Stats:
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    samples: int
+    cuda_graph: bool
+
+
+def stats(samples_ms, cuda_graph: bool = False) -> Stats:
+    s = np.asarray(samples_ms, dtype=np.float64)
+    p10, med, p90 = np.percentile(s, [10, 50, 90])
+    return Stats(float(med), float(p10), float(p90), int(s.size), cuda_graph)
+
+
+class Clock:
+    """Times calls on one device; owns its cache-flush buffer."""
+
+    def __init__(self, device: torch.device, cfg: TimingConfig):
+        self.device, self.cfg = device, cfg
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            l2 = torch.cuda.get_device_properties(device).L2_cache_size
+            size = max(FLUSH_L2_MULTIPLE * l2, FLUSH_MIN_BYTES)
+        else:
+            size = cfg.cpu_flush_mb << 20
+        self._flush_buf = torch.empty(size, dtype=torch.uint8, device=device) if cfg.l2 == "cold" else None
+
+    def flush(self) -> None:
+        if self._flush_buf is not None:
+            self._flush_buf.fill_(1)
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def _time_calls(self, fn: Callable[[], Any], n: int) -> list[float]:
+        """n timed calls, each after a flush; milliseconds."""
+        if self.cuda:
+            events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+            for start, end in events:
+                self.flush()
+                start.record()
+                fn()
+                end.record()
+            torch.cuda.synchronize(self.device)
+            return [start.elapsed_time(end) for start, end in events]
+        out = []
+        for _ in range(n):
+            self.flush()
+            t0 = time.perf_counter_ns()
+            fn()
+            out.append((time.perf_counter_ns() - t0) / 1e6)
+        return out
+
+    def _graph(self, fn: Callable[[], Any]) -> Callable[[], Any] | None:
+        """fn captured in a CUDA graph (its replay), or None when capture fails."""
+        try:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                fn()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                fn()
+            return graph.replay
+        except RuntimeError:
+            torch.cuda.synchronize(self.device)
+            return None
+
+    def measure(self, fn: Callable[[], Any], graphable: bool = True) -> tuple[Stats, Callable[[], Any]]:
+        """Statistics of fn and the callable that was timed (eager fn or its graph replay)."""
+        cfg = self.cfg
+        warm = self._time_calls(fn, max(cfg.warmup, 1))
+        runner, graphed = fn, False
+        if self.cuda and graphable and (cfg.cuda_graph == "on" or
+                                        (cfg.cuda_graph == "auto" and min(warm) * 1e3 < cfg.graph_below_us)):
+            replay = self._graph(fn)
+            if replay is not None:
+                runner, graphed = replay, True
+                self._time_calls(runner, max(cfg.warmup, 1))
+        samples: list[float] = []
+        per_call = max(min(warm), 1e-4)
+        while len(samples) < cfg.max_reps and (len(samples) < cfg.min_reps or sum(samples) < cfg.budget_ms):
+            left_ms = max(cfg.budget_ms - sum(samples), 0.0)
+            batch = min(cfg.max_reps - len(samples), max(cfg.min_reps - len(samples), 1,
+                                                         math.ceil(left_ms / per_call)))
+            samples += self._time_calls(runner, batch)
+        return stats(samples, graphed), runner
+
+
+def measure_energy(runner: Callable[[], Any], clock: Clock, monitor, per_call_ms: float,
+                   min_seconds: float) -> tuple[float, float]:
+    """(joules per call, mean watts) over back-to-back calls lasting >= min_seconds."""
+    calls = max(1, math.ceil(min_seconds * 1e3 / max(per_call_ms, 1e-4)))
+    clock.sync()
+    e0, t0 = monitor.energy_mj(), time.perf_counter()
+    for _ in range(calls):
+        runner()
+    clock.sync()
+    e1, t1 = monitor.energy_mj(), time.perf_counter()
+    joules = (e1 - e0) / 1e3
+    return joules / calls, joules / (t1 - t0)
