@@ -1,7 +1,20 @@
 """Kernel latency prediction: roofline time times η, the family's efficiency gap.
 
 `Predictor.latency(family, cols)` is what the simulator calls for every kernel
-it prices. Without an η bundle η = 1 (plain roofline) and a warning says so.
+it prices; `predict_frame(df)` prices a whole sweep-like frame. η comes from an
+η bundle (predictor/bundle.py; the one shipped in the package by default):
+
+  tier 'target'   the model fitted on this GPU's own sweep;
+  tier 'cross'    the cross-device model (hardware features), for any GPU;
+  tier 'auto'     target where the bundle has this GPU's data for the family
+                  (rows whose dtype/op/link the target sweep never held go to
+                  cross), cross otherwise;
+  tier 'roofline' η = 1.
+
+Every prediction carries the tier and model that produced it and an
+`extrapolated` flag (inputs outside the training range, clamped to it). η >= 1
+always. A family that no model in the bundle covers is priced at η = 1 with a
+warning, once per family.
 """
 from __future__ import annotations
 
@@ -11,22 +24,107 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
+from .bundle import Bundle, EtaModel, default_bundle_dir, load_bundle, shared_bundle
+from .errors import KernelsightError, did_you_mean
+from .features import feature_matrix
 from .hardware import Hardware, load_hardware
 from .roofline import roofline_columns, roofline_frame
 
+TIERS = ("auto", "target", "cross", "roofline")
+ROOFLINE = "roofline"
+
 
 class Predictor:
-    """Prices kernels on one GPU. tier: 'roofline' (η = 1) until a bundle provides models."""
+    """Prices kernels on one GPU with an η bundle.
 
-    def __init__(self, hardware: Hardware | str, tier: str = "roofline"):
+    bundle: None (the shipped default), a directory, a loaded Bundle, or False
+    (no bundle: η = 1 with a warning per family).
+    """
+
+    def __init__(self, hardware: Hardware | str, tier: str = "auto", bundle=None):
         self.hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
+        if tier not in TIERS:
+            raise KernelsightError(f"unknown tier {tier!r}{did_you_mean(tier, TIERS)}; expected one of {TIERS}")
         self.tier = tier
-        if tier == "roofline":
-            warnings.warn(f"no η bundle loaded: kernel latencies on {self.hw.key} are plain roofline (η = 1)",
-                          stacklevel=2)
+        self.bundle = self._bundle(bundle) if tier != ROOFLINE else None
+        self._warned: set[str] = set()
+        self._chosen: dict[str, tuple] = {}
 
-    def eta(self, family: str, cols: Mapping, roof: dict) -> np.ndarray:
-        return np.ones_like(roof["t_roof"])
+    @staticmethod
+    def _bundle(bundle) -> Bundle | None:
+        if bundle is False:
+            return None
+        if isinstance(bundle, Bundle):
+            return bundle
+        if bundle is None:
+            if not (default_bundle_dir() / "manifest.json").is_file():
+                return None  # a source tree before the first publish: every family warns, η = 1
+            return shared_bundle()
+        return load_bundle(bundle)
+
+    # -- which models price a family ---------------------------------------------------
+    def models(self, family: str) -> tuple[EtaModel | None, EtaModel | None]:
+        """(target model or None, cross model or None) this predictor uses for `family`."""
+        if family not in self._chosen:
+            self._chosen[family] = self._choose(family)
+        return self._chosen[family]
+
+    def _choose(self, family: str):
+        b, key = self.bundle, self.hw.key
+        if self.tier == ROOFLINE:
+            return None, None
+        if b is None or not b.covers(family):
+            if family not in self._warned:
+                self._warned.add(family)
+                where = "no η bundle loaded" if b is None else f"bundle {b.path} has no {family} model"
+                warnings.warn(f"{where}: {family} latencies on {key} are plain roofline (η = 1)", stacklevel=4)
+            return None, None
+        target = b.model("target", family, key) if b.has("target", family, key) else None
+        cross = b.model("cross", family) if b.has("cross", family) else None
+        if self.tier == "target":
+            if target is None:
+                devices = ", ".join(b.target_devices(family)) or "none"
+                raise KernelsightError(f"bundle {b.path} has no target-tier {family} model for {key} "
+                                       f"(GPUs with one: {devices}); use tier=cross or tier=auto")
+            return target, None
+        if self.tier == "cross":
+            if cross is None:
+                raise KernelsightError(f"bundle {b.path} has no cross-device {family} model; "
+                                       f"use tier=target or tier=auto")
+            return None, cross
+        return target, cross
+
+    # -- prediction ------------------------------------------------------------------------
+    def estimate(self, family: str, cols: Mapping, roof: Mapping | None = None) -> dict:
+        """η, tier, model label and extrapolated flag for each kernel of one family."""
+        if roof is None:
+            roof = roofline_columns(family, cols, self.hw)
+        n = len(roof["t_roof"])
+        eta = np.ones(n)
+        tier = np.full(n, ROOFLINE, dtype=object)
+        model = np.full(n, ROOFLINE, dtype=object)
+        extrapolated = np.zeros(n, dtype=bool)
+        target, cross = self.models(family)
+        first = target or cross
+        if first is None or n == 0:
+            return {"eta": eta, "tier": tier, "model": model, "extrapolated": extrapolated}
+        x = feature_matrix(family, first.tier, cols, self.hw, roof)
+        rows = np.ones(n, dtype=bool)
+        if target is not None and cross is not None:
+            rows = ~target.unseen_category(x)  # auto: what the target sweep never held goes to cross
+        eta[rows], extrapolated[rows] = first.eta(x[rows]) if not rows.all() else first.eta(x)
+        tier[rows], model[rows] = first.tier, first.label
+        rest = ~rows
+        if rest.any():
+            sub = {k: np.asarray(v).reshape(-1)[rest] for k, v in cols.items()}
+            sub_roof = {k: np.asarray(v)[rest] for k, v in roof.items()}
+            xc = feature_matrix(family, "cross", sub, self.hw, sub_roof)
+            eta[rest], extrapolated[rest] = cross.eta(xc)
+            tier[rest], model[rest] = cross.tier, cross.label
+        return {"eta": eta, "tier": tier, "model": model, "extrapolated": extrapolated}
+
+    def eta(self, family: str, cols: Mapping, roof: Mapping) -> np.ndarray:
+        return self.estimate(family, cols, roof)["eta"]
 
     def latency(self, family: str, cols: Mapping) -> np.ndarray:
         """Predicted seconds for each kernel described by `cols` (one family)."""
@@ -34,14 +132,22 @@ class Predictor:
         return roof["t_roof"] * self.eta(family, cols, roof)
 
     def predict_frame(self, df: pd.DataFrame) -> pd.DataFrame:
-        """Roofline, η, predicted latency (ms) and tier for every row of a sweep-like frame."""
+        """Roofline (s), η, predicted latency (ms), tier, model and extrapolated flag per row (any families)."""
         out = roofline_frame(df, self.hw)
-        eta = pd.Series(1.0, index=df.index)
-        for family, part in df.groupby("family", sort=False):
-            roof = {k: out.loc[part.index, k].to_numpy() for k in ("t_roof",)}
+        eta = np.ones(len(df))
+        tier = np.full(len(df), ROOFLINE, dtype=object)
+        model = np.full(len(df), ROOFLINE, dtype=object)
+        extrapolated = np.zeros(len(df), dtype=bool)
+        for family, idx in df.groupby("family", sort=False).indices.items():
+            part = df.iloc[idx]
+            roof = {k: out[k].to_numpy()[idx] for k in out.columns}
             cols = {c: part[c].to_numpy() for c in part.columns}
-            eta.loc[part.index] = self.eta(family, cols, roof)
+            res = self.estimate(family, cols, roof)
+            eta[idx], tier[idx], model[idx], extrapolated[idx] = (res["eta"], res["tier"], res["model"],
+                                                                  res["extrapolated"])
         out["eta"] = eta
-        out["predicted_ms"] = out["t_roof"].astype(float) * out["eta"] * 1e3
-        out["tier"] = self.tier
+        out["predicted_ms"] = out["t_roof"].astype(float).to_numpy() * eta * 1e3
+        out["tier"] = tier
+        out["model"] = model
+        out["extrapolated"] = extrapolated
         return out

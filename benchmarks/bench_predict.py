@@ -1,0 +1,77 @@
+"""Batched η prediction throughput on ONE core: kernels per second through Predictor.latency.
+
+The batch is what a serving simulation prices: projection GEMMs (m = tokens,
+n/k from common model widths), decode and prefill attention, norms and
+all-reduces, each family as one batched call, as the simulator makes them.
+Run: python benchmarks/bench_predict.py [--kernels 200000] [--gpu h100_sxm] [--tier auto]
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before numpy/LightGBM load: one core, honestly
+if hasattr(os, "sched_setaffinity"):
+    os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from kernelsight.predictor.predict import Predictor  # noqa: E402
+
+WIDTHS = np.array([1024, 2048, 4096, 5120, 6144, 8192, 14336, 28672])
+
+
+def batch(n: int, seed: int = 0) -> dict:
+    """family -> columns of n/4 kernels each (gemm, attn_decode, norm, allreduce)."""
+    rng = np.random.default_rng(seed)
+    q = n // 4
+
+    def pick(values, k=q):
+        return rng.choice(values, k)
+
+    tokens = rng.integers(1, 8192, q)
+    return {
+        "gemm": {"m": tokens, "n": pick(WIDTHS), "k": pick(WIDTHS),
+                 "dtype": pick(np.array(["bf16", "fp8"], dtype=object))},
+        "attn_decode": {"batch": rng.integers(1, 256, q), "seq_kv": rng.integers(16, 32768, q),
+                        "heads": np.full(q, 32), "kv_heads": pick(np.array([8, 32])), "head_dim": np.full(q, 128),
+                        "block_size": np.full(q, 16), "window": np.zeros(q, dtype=int),
+                        "dtype": np.full(q, "bf16", dtype=object), "kv_dtype": np.full(q, "bf16", dtype=object)},
+        "norm": {"tokens": tokens, "hidden": pick(WIDTHS[:6]), "op": np.full(q, "rms", dtype=object),
+                 "fused_residual": rng.integers(0, 2, q).astype(bool), "dtype": np.full(q, "bf16", dtype=object)},
+        "allreduce": {"msg_bytes": tokens * 8192, "world_size": pick(np.array([2, 4, 8])),
+                      "link": np.full(q, "nvlink", dtype=object), "dtype": np.full(q, "bf16", dtype=object)},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernels", type=int, default=200_000)
+    ap.add_argument("--gpu", default="h100_sxm")
+    ap.add_argument("--tier", default="auto")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    predictor = Predictor(args.gpu, tier=args.tier)
+    work = batch(args.kernels)
+    for family, cols in work.items():  # warm-up: parse the models once
+        predictor.latency(family, {k: v[:10] for k, v in cols.items()})
+    best = {}
+    for _ in range(args.repeat):
+        for family, cols in work.items():
+            t = time.perf_counter()
+            predictor.latency(family, cols)
+            best[family] = min(best.get(family, np.inf), time.perf_counter() - t)
+    total = sum(len(next(iter(c.values()))) for c in work.values())
+    for family, cols in work.items():
+        n = len(next(iter(cols.values())))
+        models = sorted(set(predictor.estimate(family, {k: v[:1] for k, v in cols.items()})["model"]))
+        print(f"{family:12s} {n:8d} kernels  {n / best[family]:12,.0f} kernels/s  ({', '.join(models)})")
+    seconds = sum(best.values())
+    print(f"{'all':12s} {total:8d} kernels  {total / seconds:12,.0f} kernels/s on one core "
+          f"({args.gpu}, tier {args.tier})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,276 @@
+"""`kernelsight calibrate`, `kernelsight calibrate publish` and `kernelsight predict`.
+
+calibrate: read sweeps, apply the row rules, evaluate both tiers and the
+baselines, write the report. publish: the same for every GPU, then fit the
+final models on all selected rows and write a bundle. predict: one kernel
+shape, or every row of a sweep file (with per-row errors where it holds
+measurements).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+from kernelsight.predictor.bundle import load_bundle, sha256_file, shared_bundle
+from kernelsight.predictor.errors import KernelsightError
+from kernelsight.predictor.families import SHAPE_COLUMNS, get_family, make_shape
+from kernelsight.predictor.hardware import resolve_device
+
+from . import evaluate as ev
+from . import rows as rw
+from .bundle import data_label, publish
+from .models import ConstantEtaBaseline, EtaRegressor
+from .report import write_report
+
+
+def _as_list(value) -> list | None:
+    if value is None or value == "all":
+        return None
+    if isinstance(value, str):
+        return [value]
+    return list(value)
+
+
+class Calibration:
+    """The selected data of one run: rows, blocks, counts and timings."""
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg = cfg
+        self.timings: dict[str, float] = {}
+        t = time.perf_counter()
+        self.files = rw.input_files(_as_list(cfg.data.paths))
+        raw = rw.load_rows(self.files)
+        devices, families = _as_list(cfg.data.devices), _as_list(cfg.data.families)
+        if devices:
+            raw = raw[raw["device"].isin(devices)]
+        if families:
+            for f in families:
+                get_family(f)
+            raw = raw[raw["family"].isin(families)]
+        if raw.empty:
+            raise KernelsightError("no rows left after the data.devices / data.families filters")
+        self.tick("read", t)
+        t = time.perf_counter()
+        kept, self.counts, self.chosen = rw.select(raw, list(cfg.rules.prefer_sources),
+                                                   OmegaConf.to_container(cfg.rules.providers) or {},
+                                                   list(cfg.rules.exclude_sweeps or ()))
+        self.rows = rw.with_eta(kept)
+        lt1 = self.rows.assign(lt1=self.rows["eta"] < 1.0).groupby(["device", "family"], sort=True)["lt1"]
+        self.eta_lt_1 = lt1.agg(rows="size", eta_lt_1="sum").reset_index()
+        self.eta_lt_1 = self.eta_lt_1[self.eta_lt_1["eta_lt_1"] > 0].reset_index(drop=True)
+        self.blocks = ev.build_blocks(self.rows, int(cfg.evaluation.block_rows), int(cfg.seed))
+        self.tick("select + features", t)
+
+    def tick(self, step: str, start: float) -> None:
+        self.timings[step] = round(time.perf_counter() - start, 1)
+
+    @property
+    def learner(self) -> dict:
+        return {**OmegaConf.to_container(self.cfg.learner), "seed": int(self.cfg.seed)}
+
+    def evaluate(self, targets) -> pd.DataFrame:
+        ecfg = self.cfg.evaluation
+        holdouts = OmegaConf.to_container(ecfg.holdouts) or {}
+        t = time.perf_counter()
+        target = ev.evaluate_target(self.blocks, self.learner, int(ecfg.folds), int(self.cfg.seed), targets)
+        self.tick("evaluate target tier", t)
+        t = time.perf_counter()
+        cross = ev.evaluate_cross(self.blocks, self.learner, int(ecfg.cross_rows_per_device), int(self.cfg.seed),
+                                  holdouts, targets)
+        self.tick("evaluate cross tier", t)
+        return pd.concat([target, cross], ignore_index=True)
+
+    def report(self, scored: pd.DataFrame) -> dict:
+        t = time.perf_counter()
+        settings = {"learner": self.learner, "evaluation": OmegaConf.to_container(self.cfg.evaluation),
+                    "rules": OmegaConf.to_container(self.cfg.rules), "seed": int(self.cfg.seed),
+                    "inputs": [data_label(f) for f in self.files]}
+        summary = write_report(self.cfg.out, scored, self.counts, self.chosen, self.eta_lt_1, settings,
+                               self.timings, bool(self.cfg.evaluation.plots), int(self.cfg.seed))
+        self.tick("report", t)
+        return summary
+
+    def final_models(self) -> list[EtaRegressor]:
+        """Target models per (device, family) and cross models per family on all selected rows."""
+        models = []
+        cap, seed = int(self.cfg.evaluation.cross_rows_per_device), int(self.cfg.seed)
+        sweeps = {(r.device, r.family): r.sweeps for r in self.chosen.itertuples()}
+        for (device, family), block in sorted(self.blocks.items()):
+            models.append(EtaRegressor(family, "target", device, **self.learner).fit(
+                block.x["target"], block.eta,
+                provenance={"devices": {device: len(block.rows)}, "sweeps": sweeps[(device, family)]}))
+        for family in sorted({f for _, f in self.blocks}):
+            x, eta, devices = ev.cross_training_set(self.blocks, family, (), cap, seed)
+            rows = pd.Series(devices).value_counts().sort_index()
+            models.append(EtaRegressor(family, "cross", None, **self.learner).fit(
+                x, eta, provenance={"devices": {d: int(n) for d, n in rows.items()},
+                                    "sweeps": sorted({sweeps[(d, family)] for d in rows.index})}))
+        return models
+
+    def constant_eta(self) -> dict:
+        """The constant-η baseline per family and GPU (the median of its rows), for `predict` error tables."""
+        const = ConstantEtaBaseline().fit(self.rows["device"], self.rows["family"], self.rows["eta"])
+        out: dict = {}
+        for (device, family), value in sorted(const.per_device_.items()):
+            out.setdefault(family, {})[device] = round(value, 6)
+        return out
+
+
+def _print_headline(summary: dict) -> None:
+    head = pd.DataFrame(summary["headline_mape"])
+    if head.empty:
+        print("no evaluation (no family had enough data)")
+        return
+    cols = [c for c in ("tier", "family", "lightgbm", "constant", "roofline", ev.DIAGNOSTIC) if c in head.columns]
+    print("MAPE % (target: grouped K-fold; cross: leave-one-device-out)")
+    print(head[cols].round(1).to_string(index=False))
+
+
+def calibrate(cfg: DictConfig) -> None:
+    """Fit and evaluate both tiers on the configured GPUs; write the report to cfg.out."""
+    run = Calibration(cfg)
+    targets = _as_list(cfg.target)
+    if targets:
+        targets = [resolve_device(str(t)) for t in targets]
+        known = sorted(run.rows["device"].unique())
+        missing = [d for d in targets if d not in known]
+        if missing:
+            raise KernelsightError(f"target={missing[0]}: no calibration rows for this GPU; GPUs with data: "
+                                   f"{', '.join(known)}")
+    scored = run.evaluate(targets)
+    summary = run.report(scored)
+    _print_headline(summary)
+    print(f"report: {Path(cfg.out) / 'REPORT.md'}  ({sum(run.timings.values()):.0f} s)")
+
+
+def calibrate_publish(cfg: DictConfig) -> None:
+    """Evaluate every GPU (unless publish.evaluate=false), fit the final models, write the bundle to cfg.bundle."""
+    start = time.perf_counter()
+    run = Calibration(cfg)
+    summary = {}
+    if cfg.publish.evaluate:
+        summary = run.report(run.evaluate(None))
+        _print_headline(summary)
+    t = time.perf_counter()
+    models = run.final_models()
+    run.tick("fit final models", t)
+    training = []
+    used = run.rows.groupby("file", sort=True)
+    for f in run.files:
+        part = used.get_group(str(f)) if str(f) in used.groups else run.rows.iloc[:0]
+        training.append({"file": data_label(f), "sha256": sha256_file(f), "rows_used": int(len(part)),
+                         "sweeps": sorted(part["sweep_id"].unique().tolist())})
+    devices: dict = {}
+    for r in run.chosen.itertuples():
+        if (r.device, r.family) in run.blocks:
+            devices.setdefault(r.device, {})[r.family] = {"sweeps": r.sweeps, "providers": r.providers}
+    families = {fam: {"target": sorted(d for d, f in run.blocks if f == fam),
+                      "cross": sorted(d for d, f in run.blocks if f == fam)}
+                for fam in sorted({f for _, f in run.blocks})}
+    extra = {"devices": devices, "families": families, "metrics": summary,
+             "baselines": {"constant_eta": run.constant_eta()},
+             "rules": {"prefer_sources": list(cfg.rules.prefer_sources),
+                       "providers": OmegaConf.to_container(cfg.rules.providers),
+                       "exclude_sweeps": list(cfg.rules.exclude_sweeps or ()),
+                       "eta_floor": float(cfg.learner.eta_floor),
+                       "block_rows": int(cfg.evaluation.block_rows),
+                       "cross_rows_per_device": int(cfg.evaluation.cross_rows_per_device)}}
+    bundle = publish(cfg.bundle, models, training, created=cfg.publish.created, extra=extra)
+    print(f"bundle: {bundle.path} ({len(models)} models, content {bundle.manifest['content_id'][:12]}, "
+          f"{time.perf_counter() - start:.0f} s)")
+
+
+# -- predict ---------------------------------------------------------------------------------
+
+def _kernel_frame(kernel: dict) -> pd.DataFrame:
+    family = kernel.get("family")
+    if not family:
+        raise KernelsightError("give kernel.family=<family> and its shape fields, or sweep_file=FILE")
+    fam = get_family(family)
+    given = {k: v for k, v in kernel.items() if k != "family" and v is not None}
+    shape = make_shape(family, **given)
+    return pd.DataFrame([shape.row()], columns=["family", *fam.columns])
+
+
+def predict(cfg: DictConfig) -> None:
+    """Price one kernel (kernel.family=... and its fields) or every row of a sweep file (sweep_file=FILE)."""
+    from kernelsight.predictor.hardware import Hardware
+    from kernelsight.predictor.predict import Predictor
+
+    bundle = cfg.get("bundle")
+    tier = str(cfg.tier)
+    if cfg.get("sweep_file"):
+        return _predict_sweep(cfg, tier, bundle)
+    hw = Hardware.from_mapping(OmegaConf.to_container(cfg.hardware), "hardware config")
+    df = _kernel_frame(OmegaConf.to_container(cfg.kernel))
+    pred = Predictor(hw, tier=tier, bundle=bundle).predict_frame(df)
+    row, p = df.iloc[0], pred.iloc[0]
+    shape = ", ".join(f"{c}={row[c]}" for c in df.columns[1:])
+    print(f"{row['family']}({shape}) on {hw.key}")
+    print(f"  roofline  {p['t_roof'] * 1e6:.3f} us ({p['bound']}-bound)")
+    print(f"  eta       {p['eta']:.4f}  [tier {p['tier']}, model {p['model']}"
+          f"{', outside the training range: clamped' if p['extrapolated'] else ''}]")
+    print(f"  predicted {p['predicted_ms'] * 1e3:.3f} us")
+
+
+def _predict_sweep(cfg: DictConfig, tier: str, bundle) -> None:
+    from kernelsight.predictor.predict import Predictor
+    from kernelsight.predictor.sweep import read_sweep
+
+    df = read_sweep(cfg.sweep_file)
+    loaded = load_bundle(bundle) if bundle else shared_bundle()
+    usable = df[df["status"] == "ok"] if "status" in df.columns else df
+    parts = []
+    for device, part in usable.groupby("device", sort=True):
+        pred = Predictor(device, tier=tier, bundle=loaded).predict_frame(part)
+        parts.append(pred.assign(device=device))
+    pred = pd.concat(parts).loc[usable.index]
+    shape_cols = [c for c in SHAPE_COLUMNS if c in usable.columns]
+    out = usable[["device", "family", "provider", *shape_cols]].copy()
+    out["t_roof_ms"] = pred["t_roof"].astype(float) * 1e3
+    out[["eta", "predicted_ms", "tier", "model", "extrapolated"]] = pred[["eta", "predicted_ms", "tier", "model",
+                                                                          "extrapolated"]]
+    measured = pd.to_numeric(usable["latency_ms"], errors="coerce")
+    if measured.notna().any():
+        const = loaded.manifest.get("baselines", {}).get("constant_eta", {})
+        out["latency_ms"] = measured
+        out["ape_pct"] = (out["predicted_ms"] - measured).abs() / measured * 100
+        out["constant_ms"] = out["t_roof_ms"] * [_constant(const, f, d) for f, d in zip(out["family"], out["device"])]
+        _print_errors(out)
+    if cfg.get("out"):
+        path = Path(cfg.out)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.suffix == ".csv":
+            out.to_csv(path, index=False)
+        else:
+            out.to_parquet(path, index=False)
+        print(f"wrote {len(out)} predictions to {path}")
+    elif not measured.notna().any():
+        out.to_csv(sys.stdout, index=False)
+
+
+def _constant(const: dict, family: str, device: str) -> float:
+    per = const.get(family, {})
+    if device in per:
+        return per[device]
+    return float(np.median(list(per.values()))) if per else 1.0
+
+
+def _print_errors(out: pd.DataFrame) -> None:
+    rows = []
+    for (family, device), g in out.groupby(["family", "device"], sort=True):
+        m = g["latency_ms"]
+        ape = g["ape_pct"]
+        rows.append({"family": family, "device": device, "tier": ",".join(sorted(g["tier"].unique())),
+                     "rows": len(g), "MAPE": ape.mean(), "median APE": ape.median(),
+                     "p90 APE": ape.quantile(0.9),
+                     "MAPE const": ((g["constant_ms"] - m).abs() / m * 100).mean(),
+                     "MAPE roofline": ((g["t_roof_ms"] - m).abs() / m * 100).mean(),
+                     "extrapolated": int(g["extrapolated"].sum())})
+    table = pd.DataFrame(rows)
+    print(table.round(1).to_string(index=False))

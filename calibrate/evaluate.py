@@ -1,0 +1,210 @@
+"""Honest evaluation of the η models, separate from fitting what ships.
+
+* target tier: K-fold over shape GROUPS within one (device, family) sweep. A
+  group is the shape rounded to powers of two (round(log2 x) of every count,
+  round(log2(1 + x)) of fields that may be 0, exact dtypes/ops/flags), so
+  near-duplicate shapes (m = 4096 and m = 4097, or the same GEMM in two
+  neighbouring grid cells) never straddle train and test.
+* cross-device tier: leave-one-device-out for every GPU with data of the
+  family, plus GB200 held out (the seed paper's protocol: trained on the other
+  GPUs, B200 included) and a stricter variant with no Blackwell GPU in training.
+* baselines beside each: plain roofline (η = 1) and a constant η per (device,
+  family) (the training median; for a held-out GPU the median over the
+  training GPUs' medians).
+
+Every prediction is scored on latency: APE = |predicted - measured| / measured.
+Subsampling (stated in the report): at most `block_rows` rows per (device,
+family), a seeded uniform sample; the cross tier trains on at most
+`cross_rows_per_device` of each training GPU's rows and tests on the whole
+held-out block.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from kernelsight.predictor.families import get_family
+from kernelsight.predictor.features import feature_matrix
+from kernelsight.predictor.hardware import load_hardware
+
+from .models import ConstantEtaBaseline, EtaRegressor, RooflineBaseline
+
+MODELS = ("lightgbm", "constant", "roofline")
+DIAGNOSTIC = "lightgbm_no_floor"  # the same model without the η >= floor rule: what the floor costs
+
+
+@dataclass
+class Block:
+    """The selected rows of one (device, family) with both tiers' feature matrices."""
+
+    device: str
+    family: str
+    rows: pd.DataFrame  # sweep columns + t_roof (s) + eta
+    x: dict  # tier -> feature matrix
+    groups: np.ndarray
+
+    @property
+    def eta(self) -> np.ndarray:
+        return self.rows["eta"].to_numpy(dtype=np.float64)
+
+
+def group_ids(family: str, rows: pd.DataFrame) -> np.ndarray:
+    """Near-duplicate shapes share an id: counts rounded to powers of two, categories exact."""
+    keys = {}
+    for f in get_family(family).fields:
+        v = rows[f.name]
+        if f.kind == "pos":
+            keys[f.name] = np.round(np.log2(v.astype(float))).astype(int)
+        elif f.kind == "nonneg":
+            keys[f.name] = np.round(np.log2(1.0 + v.astype(float))).astype(int)
+        else:
+            keys[f.name] = v.astype(str).to_numpy()
+    return pd.DataFrame(keys, index=rows.index).groupby(list(keys), sort=True).ngroup().to_numpy()
+
+
+def group_folds(groups: np.ndarray, k: int, seed: int) -> np.ndarray:
+    """Fold (0..k-1) per row: whole groups, shuffled with the seed, each to the currently smallest fold."""
+    uniq, sizes = np.unique(groups, return_counts=True)
+    order = np.random.default_rng(seed).permutation(len(uniq))
+    fold_of, load = np.empty(len(uniq), dtype=int), np.zeros(k, dtype=int)
+    for i in order:
+        f = int(np.argmin(load))
+        fold_of[i] = f
+        load[f] += sizes[i]
+    return fold_of[np.searchsorted(uniq, groups)]
+
+
+def build_blocks(rows: pd.DataFrame, block_rows: int, seed: int) -> dict:
+    """(device, family) -> Block, each capped at block_rows by a seeded uniform sample."""
+    blocks = {}
+    for (device, family), part in rows.groupby(["device", "family"], sort=True):
+        if len(part) > block_rows:
+            keep = np.sort(np.random.default_rng(seed).choice(len(part), block_rows, replace=False))
+            part = part.iloc[keep]
+        hw = load_hardware(device)
+        cols = {c: part[c].to_numpy() for c in get_family(family).columns}
+        x = {tier: feature_matrix(family, tier, cols, hw) for tier in ("target", "cross")}
+        blocks[(device, family)] = Block(device, family, part, x, group_ids(family, part))
+    return blocks
+
+
+def _sample(n: int, cap: int, seed: int) -> np.ndarray:
+    if n <= cap:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, cap, replace=False))
+
+
+def _scored(block: Block, idx: np.ndarray, tier: str, split: str, preds: dict) -> pd.DataFrame:
+    rows = block.rows.iloc[idx]
+    dom = get_family(block.family).dominant
+    out = pd.DataFrame({"tier": tier, "split": split, "device": block.device, "family": block.family,
+                        "dominant": rows[dom].to_numpy(dtype=np.float64),
+                        "latency_ms": rows["latency_ms"].to_numpy(dtype=np.float64),
+                        "t_roof_ms": rows["t_roof"].to_numpy(dtype=np.float64) * 1e3,
+                        "eta": block.eta[idx]})
+    for name, eta_pred in preds.items():
+        out[f"pred_{name}"] = out["t_roof_ms"] * eta_pred
+    return out
+
+
+def _predict_all(model: EtaRegressor, const: ConstantEtaBaseline, roof: RooflineBaseline,
+                 block: Block, idx: np.ndarray, tier: str) -> dict:
+    x = block.x[tier][idx]
+    dev, fam = np.full(len(idx), block.device, dtype=object), np.full(len(idx), block.family, dtype=object)
+    raw = model.predict(x, floor=False)
+    return {"lightgbm": np.maximum(raw, model.eta_floor), DIAGNOSTIC: raw,
+            "constant": const.predict(dev, fam), "roofline": roof.predict(dev, fam)}
+
+
+def evaluate_target(blocks: dict, learner: dict, folds: int, seed: int, devices=None) -> pd.DataFrame:
+    """Grouped K-fold within each (device, family) block; one scored row per test row."""
+    out = []
+    for (device, family), block in sorted(blocks.items()):
+        if devices is not None and device not in devices:
+            continue
+        k = min(folds, len(np.unique(block.groups)))
+        if k < 2:
+            continue
+        fold = group_folds(block.groups, k, seed)
+        for f in range(k):
+            train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
+            model = EtaRegressor(family, "target", device, **learner).fit(block.x["target"][train],
+                                                                          block.eta[train])
+            const = ConstantEtaBaseline().fit([device] * len(train), [family] * len(train), block.eta[train])
+            preds = _predict_all(model, const, RooflineBaseline(), block, test, "target")
+            out.append(_scored(block, test, "target", f"fold {f}", preds).assign(fold=f))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+
+def cross_training_set(blocks: dict, family: str, exclude, cap: int, seed: int):
+    """Stacked cross-tier features and η of every GPU of `family` not in exclude, each capped."""
+    xs, etas, devices = [], [], []
+    for (device, fam), block in sorted(blocks.items()):
+        if fam != family or device in exclude:
+            continue
+        idx = _sample(len(block.rows), cap, seed)
+        xs.append(block.x["cross"][idx])
+        etas.append(block.eta[idx])
+        devices += [device] * len(idx)
+    if not xs:
+        return None, None, []
+    return np.vstack(xs), np.concatenate(etas), devices
+
+
+def holdout_protocols(blocks: dict, family: str, extra: dict) -> list[tuple[str, str, tuple]]:
+    """(split name, held-out GPU, GPUs excluded from training): LODO for all, plus the named extras."""
+    devices = sorted(d for d, f in blocks if f == family)
+    out = [(f"lodo {d}", d, (d,)) for d in devices]
+    for name, spec in sorted(extra.items()):
+        if spec["test"] in devices:
+            out.append((name, spec["test"], tuple(sorted(set(spec["exclude"]) | {spec["test"]}))))
+    return out
+
+
+def evaluate_cross(blocks: dict, learner: dict, cap: int, seed: int, extra: dict, devices=None) -> pd.DataFrame:
+    """Leave-one-device-out (and the extra hold-out protocols) per family on the cross tier."""
+    out = []
+    families = sorted({f for _, f in blocks})
+    for family in families:
+        for split, test_device, exclude in holdout_protocols(blocks, family, extra):
+            if devices is not None and test_device not in devices:
+                continue
+            x, eta, train_devices = cross_training_set(blocks, family, exclude, cap, seed)
+            if x is None:
+                continue
+            model = EtaRegressor(family, "cross", None, **learner).fit(x, eta)
+            const = ConstantEtaBaseline().fit(train_devices, [family] * len(eta), eta)
+            block = blocks[(test_device, family)]
+            idx = np.arange(len(block.rows))
+            preds = _predict_all(model, const, RooflineBaseline(), block, idx, "cross")
+            out.append(_scored(block, idx, "cross", split, preds).assign(fold=-1))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+
+def _ape(pred: pd.Series, meas: pd.Series) -> np.ndarray:
+    return (np.abs(pred.to_numpy() - meas.to_numpy()) / meas.to_numpy()) * 100.0
+
+
+def metrics(scored: pd.DataFrame, by=("tier", "split", "family", "device")) -> pd.DataFrame:
+    """Per group and model: rows, MAPE, median and p90 absolute percentage error (percent)."""
+    rows = []
+    if scored.empty:
+        return pd.DataFrame(columns=[*by, "model", "rows", "mape", "median_ape", "p90_ape"])
+    for key, part in scored.groupby(list(by), sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        for model in (*MODELS, DIAGNOSTIC):
+            ape = _ape(part[f"pred_{model}"], part["latency_ms"])
+            rows.append({**dict(zip(by, key)), "model": model, "rows": len(part), "mape": float(ape.mean()),
+                         "median_ape": float(np.median(ape)), "p90_ape": float(np.percentile(ape, 90))})
+    return pd.DataFrame(rows)
+
+
+def headline(scored: pd.DataFrame) -> pd.DataFrame:
+    """Per tier and family, pooled over devices (cross: over the LODO folds only): MAPE of each model."""
+    if scored.empty:
+        return pd.DataFrame()
+    pooled = scored[(scored["tier"] == "target") | scored["split"].str.startswith("lodo ")]
+    m = metrics(pooled.assign(split="all", device="all"))
+    return m.pivot_table(index=["tier", "family"], columns="model", values="mape").reset_index()

@@ -1,0 +1,140 @@
+"""η estimators with sklearn habits: parameters in the constructor, fit(), predict() -> η.
+
+EtaRegressor is the learner (LightGBM on log η, deterministic); its predict()
+goes through the predictor's EtaModel built from the model text it would
+publish, so what is evaluated is byte for byte what ships. The baselines are
+what every model is reported beside: plain roofline (η = 1) and one constant
+η per (device, family).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from kernelsight.predictor.bundle import EtaModel
+from kernelsight.predictor.features import features
+
+# Deterministic LightGBM settings: fixed seeds and threads, row-wise histograms.
+DETERMINISTIC = {"deterministic": True, "force_row_wise": True, "seed": 0, "bagging_seed": 0,
+                 "feature_fraction_seed": 0, "data_random_seed": 0, "verbosity": -1}
+
+
+# Per-node training statistics LightGBM writes but never reads to predict, and the tree
+# offsets index (LightGBM parses trees sequentially without it): dropped to keep bundles small.
+TRAINING_ONLY = ("split_gain", "leaf_weight", "leaf_count", "internal_value", "internal_weight",
+                 "internal_count", "tree_sizes")
+# Written with 10 significant digits instead of 17: log η to 1e-10 is far below measurement noise.
+ROUNDED = ("threshold", "leaf_value")
+
+
+def _round_values(line: str) -> str:
+    key, values = line.split("=", 1)
+    return key + "=" + " ".join(f"{float(v):.10g}" for v in values.split(" "))
+
+
+def compact_model_text(text: str) -> str:
+    """LightGBM model text without training-only statistics, feature importances and excess digits."""
+    head, sep, tail = text.partition("\nfeature_importances:\n")
+    if sep:
+        tail = tail[tail.index("\nparameters:\n"):]
+    kept = []
+    for line in head.split("\n"):
+        key = line.split("=", 1)[0]
+        if key in TRAINING_ONLY:
+            continue
+        kept.append(_round_values(line) if key in ROUNDED else line)
+    return "\n".join(kept) + tail
+
+
+class EtaRegressor:
+    """LightGBM regression of log η on the family's features of one tier.
+
+    num_trees, learning_rate, num_leaves, min_data_in_leaf: the LightGBM
+    knobs that matter here; num_threads is fixed (results depend on it);
+    eta_floor: predictions never go below it (1: never faster than the roofline).
+    """
+
+    def __init__(self, family: str, tier: str, device: str | None = None, num_trees: int = 100,
+                 learning_rate: float = 0.2, num_leaves: int = 31, min_data_in_leaf: int = 20,
+                 objective: str = "regression", num_threads: int = 1, seed: int = 0, eta_floor: float = 1.0):
+        self.family, self.tier, self.device = family, tier, device
+        self.num_trees, self.learning_rate, self.num_leaves = num_trees, learning_rate, num_leaves
+        self.min_data_in_leaf, self.objective = min_data_in_leaf, objective
+        self.num_threads, self.seed, self.eta_floor = num_threads, seed, eta_floor
+
+    def _lgb_params(self) -> dict:
+        return {**DETERMINISTIC, "objective": self.objective, "learning_rate": self.learning_rate,
+                "num_leaves": self.num_leaves, "min_data_in_leaf": self.min_data_in_leaf,
+                "num_threads": self.num_threads, "seed": self.seed}
+
+    def fit(self, x: np.ndarray, eta: np.ndarray, provenance: dict | None = None) -> "EtaRegressor":
+        """Fit log η; provenance (training devices, sweeps, rows) goes into the model card."""
+        import lightgbm as lgb
+
+        specs = features(self.family, self.tier)
+        names = [f.name for f in specs]
+        x = np.ascontiguousarray(x, dtype=np.float64)
+        eta = np.asarray(eta, dtype=np.float64)
+        if x.shape[1] != len(names):
+            raise ValueError(f"{self.family}/{self.tier}: {x.shape[1]} feature columns, expected {len(names)}")
+        if len(eta) == 0 or not np.all(eta > 0):
+            raise ValueError(f"{self.family}/{self.tier}: need positive η values to fit")
+        data = lgb.Dataset(x, label=np.log(eta), feature_name=names, params={"verbosity": -1},
+                           free_raw_data=True)
+        booster = lgb.train(self._lgb_params(), data, num_boost_round=self.num_trees)
+        self.model_text_ = compact_model_text(booster.model_to_string())
+        self.card_ = {
+            "tier": self.tier, "family": self.family, "device": self.device,
+            "features": names,
+            "ranges": {f.name: [float(np.nanmin(x[:, j])), float(np.nanmax(x[:, j]))]
+                       for j, f in enumerate(specs) if not f.categorical and not np.isnan(x[:, j]).all()},
+            "categories": {f.name: sorted({float(v) for v in x[:, j]}) for j, f in enumerate(specs)
+                           if f.categorical},
+            "nan": [n for j, n in enumerate(names) if np.isnan(x[:, j]).any()],
+            "eta_floor": self.eta_floor,
+            "eta_train": [float(eta.min()), float(np.median(eta)), float(eta.max())],
+            "rows": int(len(eta)),
+            "learner": {"library": "lightgbm", "target": "log eta", **self._lgb_params(),
+                        "num_trees": self.num_trees},
+            **(provenance or {}),
+        }
+        for name in names:  # a feature that is NaN for every training row: no range to clamp to
+            if name not in self.card_["ranges"] and name not in self.card_["categories"]:
+                self.card_["ranges"][name] = [float("-inf"), float("inf")]
+        self.model_ = EtaModel(self.model_text_, self.card_, f"{self.family}/{self.tier} (in memory)")
+        return self
+
+    def predict(self, x: np.ndarray, floor: bool = True) -> np.ndarray:
+        """η per row (inputs clamped to the training range); floor=False shows what the floor costs."""
+        eta, _ = self.model_.eta(np.ascontiguousarray(x, dtype=np.float64), floor=floor)
+        return eta
+
+
+class RooflineBaseline:
+    """η = 1: the plain roofline."""
+
+    def fit(self, devices, families, eta) -> "RooflineBaseline":
+        return self
+
+    def predict(self, devices, families) -> np.ndarray:
+        return np.ones(len(devices))
+
+
+class ConstantEtaBaseline:
+    """One η per (device, family): the median of its training rows.
+
+    A key never seen in training (cross-device: a held-out GPU) gets the median
+    over the training devices' medians of that family.
+    """
+
+    def fit(self, devices, families, eta) -> "ConstantEtaBaseline":
+        frame = {"device": np.asarray(devices, dtype=object), "family": np.asarray(families, dtype=object),
+                 "eta": np.asarray(eta, dtype=np.float64)}
+        per = pd.DataFrame(frame).groupby(["device", "family"], sort=True)["eta"].median()
+        self.per_device_ = {k: float(v) for k, v in per.items()}
+        self.per_family_ = {f: float(v) for f, v in per.groupby(level="family").median().items()}
+        return self
+
+    def predict(self, devices, families) -> np.ndarray:
+        out = [self.per_device_.get((d, f), self.per_family_.get(f, 1.0)) for d, f in zip(devices, families)]
+        return np.asarray(out, dtype=np.float64)

@@ -1,0 +1,158 @@
+"""The evaluation report: evaluation.json (every number), REPORT.md (the tables), PNG plots.
+
+Plots: per family a parity plot (predicted vs measured latency, target tier and
+cross-device tier side by side, one colour per GPU) and η against the family's
+dominant shape parameter per GPU (measured, target-tier and cross-tier
+predictions from the held-out folds). Points are a seeded sample (at most
+`plot_points` per GPU and panel) so plotting stays fast.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .evaluate import DIAGNOSTIC, MODELS, headline, metrics
+
+PLOT_POINTS = 1500
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "" if np.isnan(v) else f"{v:.1f}"
+    return str(v)
+
+
+def markdown_table(df: pd.DataFrame) -> str:
+    if df.empty:
+        return "(none)\n"
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(map(str, cols)) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines) + "\n"
+
+
+def _mape_table(per: pd.DataFrame, tier: str) -> pd.DataFrame:
+    part = per[per["tier"] == tier]
+    if part.empty:
+        return pd.DataFrame()
+    wide = part.pivot_table(index=["family", "split", "device", "rows"], columns="model",
+                            values=["mape", "median_ape", "p90_ape"])
+    out = pd.DataFrame(index=wide.index)
+    out["MAPE"] = wide[("mape", "lightgbm")]
+    out["median APE"] = wide[("median_ape", "lightgbm")]
+    out["p90 APE"] = wide[("p90_ape", "lightgbm")]
+    out["MAPE const"] = wide[("mape", "constant")]
+    out["MAPE roofline"] = wide[("mape", "roofline")]
+    out["MAPE no floor"] = wide[("mape", DIAGNOSTIC)]
+    return out.reset_index()
+
+
+def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.DataFrame, eta_lt_1: pd.DataFrame,
+                 settings: dict, timings: dict, plots: bool = True, seed: int = 0) -> dict:
+    """Write evaluation.json, REPORT.md and the PNGs under `out`; return the summary dict."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    per = metrics(scored)
+    head = headline(scored)
+    result = {"headline_mape": head.to_dict(orient="records"), "per_split": per.to_dict(orient="records"),
+              "rows": counts.to_dict(orient="records"), "sweeps": chosen.to_dict(orient="records"),
+              "eta_lt_1_kept": eta_lt_1.to_dict(orient="records"), "settings": settings, "timings_s": timings}
+    (out / "evaluation.json").write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n",
+                                         encoding="utf-8")
+    pngs = _plots(out, scored, seed) if plots and not scored.empty else []
+    is_target = scored["tier"] == "target" if not scored.empty else []
+    pooled_folds = metrics(scored[is_target].assign(split="K-fold")) if not scored.empty else per
+    cross = _mape_table(per, "cross")
+    gb200 = cross[cross["device"] == "gb200"] if not cross.empty else cross
+    md = ["# η calibration report", "",
+          "MAPE, median and p90 absolute percentage error of predicted kernel latency, in percent. "
+          "Target tier: grouped K-fold within each GPU's sweep (shapes rounded to powers of two never "
+          "straddle train and test). Cross-device tier: leave-one-device-out (the GPU's rows never seen). "
+          "Baselines: constant η per (device, family) (training median; for a held-out GPU the median of the "
+          "training GPUs) and the plain roofline (η = 1). 'no floor' is the same model without the "
+          "η >= floor rule: the difference is what the rule costs.", "",
+          "## Headline (pooled over GPUs; cross tier over the leave-one-device-out folds)", "",
+          markdown_table(_headline_table(head)), "",
+          "## GB200 held out (the seed paper's protocol: trained on the other GPUs, B200 included; "
+          "and without any Blackwell GPU)", "", markdown_table(gb200), "",
+          "## Target tier per GPU (all K folds pooled; per fold in evaluation.json)", "",
+          markdown_table(_mape_table(pooled_folds, "target")), "",
+          "## Cross-device tier per held-out GPU", "", markdown_table(_mape_table(per, "cross")), "",
+          "## Data used", "", "Sweeps and providers per (device, family):", "", markdown_table(chosen), "",
+          "Rows per rule (rules in calibrate/rows.py):", "", markdown_table(counts), "",
+          "Rows measured faster than the roofline (η < 1), kept:", "", markdown_table(eta_lt_1), "",
+          "## Settings and timings", "", "```", json.dumps(settings, indent=1, sort_keys=True, default=str), "```",
+          "", markdown_table(pd.DataFrame(sorted(timings.items()), columns=["step", "seconds"])), ""]
+    if pngs:
+        md += ["## Plots", ""] + [f"![{p}]({p})" for p in pngs] + [""]
+    (out / "REPORT.md").write_text("\n".join(md), encoding="utf-8")
+    return {"headline_mape": [{k: (round(v, 3) if isinstance(v, float) and np.isfinite(v) else
+                                   (None if isinstance(v, float) else v)) for k, v in r.items()}
+                              for r in result["headline_mape"]]}
+
+
+def _headline_table(head: pd.DataFrame) -> pd.DataFrame:
+    if head.empty:
+        return head
+    cols = ["tier", "family", *[m for m in (*MODELS, DIAGNOSTIC) if m in head.columns]]
+    return head[cols].rename(columns={"lightgbm": "MAPE model", "constant": "MAPE const",
+                                      "roofline": "MAPE roofline", DIAGNOSTIC: "MAPE no floor"})
+
+
+def _plots(out: Path, scored: pd.DataFrame, seed: int) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    pooled = scored[(scored["tier"] == "target") | scored["split"].str.startswith("lodo ")]
+    shuffled = pooled.iloc[np.random.default_rng(seed).permutation(len(pooled))]
+    sample = shuffled[shuffled.groupby(["tier", "family", "device"]).cumcount() < PLOT_POINTS]
+    for family, fam in sample.groupby("family", sort=True):
+        devices = sorted(fam["device"].unique())
+        colours = {d: plt.cm.tab20(i % 20) for i, d in enumerate(devices)}
+        fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+        for ax, tier in zip(axes, ("target", "cross")):
+            part = fam[fam["tier"] == tier]
+            for d, g in part.groupby("device", sort=True):
+                ax.scatter(g["latency_ms"], g["pred_lightgbm"], s=3, alpha=0.5, color=colours[d], label=d)
+            lo = max(min(fam["latency_ms"].min(), fam["pred_lightgbm"].min()), 1e-5)
+            hi = max(fam["latency_ms"].max(), fam["pred_lightgbm"].max())
+            ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+            ax.set(xscale="log", yscale="log", xlabel="measured latency (ms)", ylabel="predicted latency (ms)",
+                   title=f"{family}: {tier} tier (held-out rows)")
+            if not part.empty:
+                ax.legend(fontsize=6, markerscale=3)
+        fig.tight_layout()
+        name = f"parity_{family}.png"
+        fig.savefig(out / name, dpi=90)
+        plt.close(fig)
+        names.append(name)
+
+        cols = min(4, len(devices))
+        rows = int(np.ceil(len(devices) / cols))
+        fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
+        for ax, d in zip(axes.flat, devices):
+            g = fam[fam["device"] == d]
+            meas = g.drop_duplicates(subset=["dominant", "latency_ms"])
+            ax.scatter(meas["dominant"], meas["eta"], s=3, alpha=0.4, color="k", label="measured")
+            for tier, colour in (("target", "tab:blue"), ("cross", "tab:orange")):
+                t = g[g["tier"] == tier]
+                if not t.empty:
+                    ax.scatter(t["dominant"], t["pred_lightgbm"] / t["t_roof_ms"], s=3, alpha=0.4, color=colour,
+                               label=f"{tier} prediction")
+            ax.set(xscale="log", yscale="log", title=d, xlabel="dominant shape parameter", ylabel="η")
+            ax.legend(fontsize=6, markerscale=3)
+        for ax in list(axes.flat)[len(devices):]:
+            ax.axis("off")
+        fig.suptitle(f"{family}: η vs its dominant shape parameter")
+        fig.tight_layout()
+        name = f"eta_{family}.png"
+        fig.savefig(out / name, dpi=80)
+        plt.close(fig)
+        names.append(name)
+    return names

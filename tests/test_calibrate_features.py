@@ -1,0 +1,94 @@
+"""η features: hand-checked values on known rows, one implementation for fitting and prediction."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from kernelsight.predictor.features import describe, feature_matrix, feature_names
+from kernelsight.predictor.hardware import load_hardware
+
+H100 = load_hardware("h100_sxm")
+
+
+def _row(family, tier, hw=H100, **cols):
+    x = feature_matrix(family, tier, {k: [v] for k, v in cols.items()}, hw)
+    return dict(zip(feature_names(family, tier), x[0]))
+
+
+def test_gemm_decode_shape_on_h100_by_hand():
+    f = _row("gemm", "target", m=1, n=4096, k=4096, dtype="bf16")
+    assert f["log2_m"] == 0 and f["log2_n"] == 12 and f["dtype_bytes"] == 2
+    assert f["log2_flops"] == pytest.approx(25.0)  # 2 * 4096 * 4096 = 2^25
+    bytes_ = (4096 + 4096 * 4096) * 2 + 4096 * 2
+    assert f["log2_bytes"] == pytest.approx(math.log2(bytes_))
+    ridge = 989.4e12 / 3350e9  # bf16 peak over HBM bandwidth
+    assert f["log2_intensity_rel_ridge"] == pytest.approx(math.log2(2**25 / bytes_ / ridge))
+    blocks = 32  # one 128x128 output tile per block: ceil(1/128) * 4096/128
+    assert f["log2_waves"] == pytest.approx(math.log2(blocks / 132))
+    assert f["tail_fill"] == pytest.approx(32 / 132)
+    assert f["wave_factor"] == pytest.approx(132 / 32)
+    assert f["log2_bytes_rel_l2"] == pytest.approx(math.log2(bytes_ / (50 * 2**20)))
+    assert f["m_tile_fill"] == pytest.approx(1 / 128) and f["n_tile_fill"] == 1.0
+    assert f["log2_k_alignment"] == 8  # capped at 256
+    t_memory_us = bytes_ / 3350e9 * 1e6
+    assert f["log2_t_roof_us"] == pytest.approx(math.log2(t_memory_us))
+
+
+def test_whole_waves_fill_the_tail():
+    f = _row("gemm", "target", m=128 * 12, n=128 * 11, k=256, dtype="fp8")  # 132 blocks: one full wave
+    assert f["tail_fill"] == 1.0 and f["wave_factor"] == 1.0 and f["dtype_bytes"] == 1
+
+
+def test_cross_tier_adds_hardware_features_of_the_row_dtype():
+    target, cross = feature_names("gemm", "target"), feature_names("gemm", "cross")
+    assert cross[: len(target)] == target
+    f = _row("gemm", "cross", m=4096, n=4096, k=4096, dtype="fp8")
+    assert f["hw_log2_peak_tflops"] == pytest.approx(math.log2(1978.9))
+    assert f["hw_log2_fp32_tflops"] == pytest.approx(math.log2(67))
+    assert f["hw_log2_ridge"] == pytest.approx(math.log2(1978.9e12 / 3350e9))
+    assert f["hw_num_sms"] == 132 and f["hw_clock_ghz"] == pytest.approx(1.98)
+    assert f["hw_log2_l2_mb"] == pytest.approx(math.log2(50))
+
+
+def test_vector_kernels_use_the_fp32_peak():
+    f = _row("norm", "cross", tokens=16, hidden=4096, op="rms", fused_residual=True, dtype="bf16")
+    assert f["hw_log2_peak_tflops"] == pytest.approx(math.log2(67))
+    assert f["op_code"] == 0 and f["fused_residual"] == 1
+
+
+def test_collective_features_by_hand():
+    f = _row("allreduce", "cross", msg_bytes=2**30, world_size=8, link="nvlink", dtype="bf16")
+    bus = 2**30 * 2 * 7 / 8
+    assert f["log2_bus_bytes"] == pytest.approx(math.log2(bus))
+    t = 2e-6 + bus / 450e9
+    assert f["log2_t_roof_us"] == pytest.approx(math.log2(t * 1e6))
+    assert f["bandwidth_share"] == pytest.approx(1 - 2e-6 / t)
+    assert f["hw_log2_link_gbs"] == pytest.approx(math.log2(450))
+    assert f["hw_log2_pcie_gbs"] == pytest.approx(6.0)
+
+
+def test_unknown_catalog_values_are_nan_not_a_guess():
+    gb200 = load_hardware("gb200")  # Grace-attached: no PCIe host link in the catalog
+    f = _row("allreduce", "cross", hw=gb200, msg_bytes=4096, world_size=4, link="nvlink", dtype="bf16")
+    assert np.isnan(f["hw_log2_pcie_gbs"])
+
+
+def test_every_family_has_named_documented_features():
+    from kernelsight.predictor.families import REGISTRY
+
+    for family in REGISTRY:
+        for tier in ("target", "cross"):
+            spec = describe(family, tier)
+            names = [s["name"] for s in spec]
+            assert len(names) == len(set(names)) and all(s["doc"] for s in spec)
+
+
+def test_bad_shapes_fail_with_one_line():
+    from kernelsight.predictor.errors import KernelsightError
+
+    with pytest.raises(KernelsightError, match="gemm.m"):
+        feature_matrix("gemm", "target", {"m": [0], "n": [1], "k": [1], "dtype": ["bf16"]}, H100)
+    with pytest.raises(ValueError, match="unknown tier"):
+        feature_names("gemm", "sideways")

@@ -1,0 +1,108 @@
+"""η estimators and the evaluation machinery (synthetic data with a known η: machinery only)."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kernelsight.calibrate.evaluate import build_blocks, evaluate_target, group_folds, group_ids, metrics
+from kernelsight.calibrate.models import ConstantEtaBaseline, EtaRegressor, RooflineBaseline
+from kernelsight.calibrate.rows import choose_sweeps, select, split_sweep_id, with_eta
+from kernelsight.predictor.features import feature_matrix
+from kernelsight.predictor.hardware import load_hardware
+
+from calibrate_synthetic import FAST_LEARNER, gemm_rows, known_eta
+
+H100 = load_hardware("h100_sxm")
+
+
+def _fit(df, **params):
+    x = feature_matrix("gemm", "target", {c: df[c].to_numpy() for c in ("m", "n", "k", "dtype")}, H100)
+    eta = with_eta(df)["eta"].to_numpy()
+    return x, eta, EtaRegressor("gemm", "target", "h100_sxm", **{**FAST_LEARNER, **params}).fit(x, eta)
+
+
+def test_fit_predict_round_trip_recovers_known_eta():
+    df = gemm_rows("h100_sxm")
+    x, eta, model = _fit(df)
+    pred = model.predict(x)
+    truth = known_eta(df["flops"].to_numpy(), "h100_sxm")
+    assert np.median(np.abs(pred / truth - 1)) < 0.05
+    assert model.card_["rows"] == len(df) and model.card_["features"][0] == "log2_m"
+
+
+def test_predictions_are_floored_at_one_and_the_floor_is_visible():
+    df = gemm_rows("h100_sxm")
+    x, eta, _ = _fit(df)
+    model = EtaRegressor("gemm", "target", "h100_sxm", **FAST_LEARNER).fit(x, eta * 0.5)  # η in [0.6, 3.5]
+    floored, raw = model.predict(x), model.predict(x, floor=False)
+    assert floored.min() == 1.0 and raw.min() < 0.9
+    assert np.all(floored == np.maximum(raw, 1.0))
+
+
+def test_inputs_outside_the_training_range_are_clamped_and_flagged():
+    small = gemm_rows("h100_sxm")
+    small = small[small["m"] <= 512]
+    x, eta, model = _fit(small)
+    huge = feature_matrix("gemm", "target", {"m": [8192, 16384, 64], "n": [4096] * 3, "k": [4096] * 3,
+                                             "dtype": ["bf16", "bf16", "fp8"]}, H100)
+    pred, flag = model.model_.eta(huge)
+    assert flag.tolist() == [True, True, True]  # m beyond training; fp8 never seen
+    assert pred[0] == pytest.approx(pred[1])  # both clamped to the largest trained m
+    inside, flag_in = model.model_.eta(x[:5])
+    assert not flag_in.any()
+
+
+def test_same_inputs_same_model_text():
+    df = gemm_rows("h100_sxm")
+    _, _, a = _fit(df)
+    _, _, b = _fit(df)
+    assert a.model_text_ == b.model_text_
+
+
+def test_baselines():
+    const = ConstantEtaBaseline().fit(["a", "a", "a", "b"], ["gemm"] * 4, [1.0, 2.0, 9.0, 4.0])
+    assert const.predict(["a", "b", "c"], ["gemm"] * 3).tolist() == [2.0, 4.0, 3.0]  # c: median of medians
+    assert RooflineBaseline().fit(["a"], ["gemm"], [3.0]).predict(["a", "b"], ["gemm"] * 2).tolist() == [1, 1]
+
+
+def test_near_duplicate_shapes_share_a_group_and_groups_never_straddle_folds():
+    df = pd.DataFrame({"m": [4096, 4097, 4000, 1, 2, 64], "n": [128] * 6, "k": [256] * 6,
+                       "dtype": ["bf16"] * 5 + ["fp8"]})
+    g = group_ids("gemm", df)
+    assert g[0] == g[1] == g[2] and g[3] != g[4] and len(set(g)) == 4
+    many = gemm_rows("h100_sxm")
+    groups = group_ids("gemm", many)
+    folds = group_folds(groups, 5, seed=0)
+    assert set(folds) == set(range(5))
+    for grp in np.unique(groups):
+        assert len(set(folds[groups == grp])) == 1
+    sizes = np.bincount(folds)
+    assert sizes.max() - sizes.min() <= np.bincount(groups).max()
+    assert (group_folds(groups, 5, seed=0) == folds).all()
+
+
+def test_grouped_target_evaluation_beats_the_baselines_on_learnable_data():
+    rows = with_eta(gemm_rows("h100_sxm"))
+    blocks = build_blocks(rows, block_rows=10_000, seed=0)
+    scored = evaluate_target(blocks, FAST_LEARNER, folds=3, seed=0)
+    assert len(scored) == len(rows) and set(scored["fold"]) == {0, 1, 2}
+    m = metrics(scored.assign(split="all")).set_index("model")["mape"]
+    assert m["lightgbm"] < 10 < m["constant"] < m["roofline"]
+
+
+def test_row_rules():
+    a = gemm_rows("h100_sxm", n_rows=20)
+    old = a.assign(sweep_id="synthetic/h100_sxm/v-0.9")
+    other = a.assign(provider="vllm.other").iloc[:5]
+    bad = a.iloc[:3].assign(status="failed")
+    hot = a.iloc[:2].assign(flags="throttled")
+    df = pd.concat([a, old, other, bad, hot], ignore_index=True)
+    kept, counts, chosen = select(df)
+    assert len(kept) == 20 and set(kept["sweep_id"]) == {"synthetic/h100_sxm/v-1.0"}
+    c = counts.set_index("family").iloc[0]
+    assert (c["status not ok"], c["throttled"], c["other sweep"], c["other provider"]) == (3, 2, 20, 5)
+    assert chosen.iloc[0]["providers"] == "torch.F.linear"
+    assert split_sweep_id("aiconfigurator/h100_sxm/vllm-0.24.0") == ("aiconfigurator/h100_sxm/vllm", (0, 24, 0))
+    measured = a.assign(source="measured", sweep_id="h100_sxm/mine")
+    assert choose_sweeps(pd.concat([a, measured])) == ["h100_sxm/mine"]
