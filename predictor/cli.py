@@ -35,7 +35,8 @@ COMMANDS = {
                         "per-kernel roofline table of a model step, one kernel shape, or every row of a sweep file",
                         positional="sweep_file"),
     "simulate": Command("kernelsight.sim.simulate:simulate",
-                        "replay a serving workload on a simulated vLLM engine: TTFT, TPOT, throughput, breakdown"),
+                        "replay a serving workload on simulated vLLM engines: TTFT/TPOT/ITL/E2E, throughput, KV cache, "
+                        "GPU time per kernel family"),
     "bench": Command("kernelsight.microbench.commands:bench",
                      "collect a kernel sweep on this machine's GPU (sweep=quick|full|cpu, resume=true, dry_run=true)"),
     "bench report": Command("kernelsight.microbench.commands:bench_report",

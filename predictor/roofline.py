@@ -32,7 +32,7 @@ def _peaks(dtypes, unit: str, hw) -> np.ndarray:
 
 
 def roofline_columns(family: str, cols: Mapping, hw, index=None) -> dict:
-    """flops, bytes, blocks, wave_factor, t_compute, t_memory, t_roof (seconds), bound."""
+    """flops, bytes, blocks (launched on this GPU), wave_factor, t_compute, t_memory, t_roof (s), bound."""
     fam = get_family(family)
     cost = fam.cost(cols, index=index)
     n = len(cost.flops)
@@ -41,11 +41,14 @@ def roofline_columns(family: str, cols: Mapping, hw, index=None) -> dict:
         return {"flops": cost.flops, "bytes": cost.bytes, "blocks": cost.blocks,
                 "wave_factor": np.ones(n), "t_compute": np.zeros(n), "t_memory": t,
                 "t_roof": t, "bound": np.full(n, "link", dtype=object)}
-    dtypes = [canonical_dtype(d) for d in np.asarray(cols["dtype"]).reshape(-1).tolist()]
-    u = wave_factor(cost.blocks, hw.num_sms)
+    raw = np.asarray(cols["dtype"]).reshape(-1).tolist()
+    names = {d: canonical_dtype(d) for d in set(raw)}
+    dtypes = [names[d] for d in raw]
+    blocks = fam.blocks_on(cols, cost.blocks, hw.num_sms)
+    u = wave_factor(blocks, hw.num_sms)
     t_c = cost.flops * u / _peaks(dtypes, fam.unit, hw)
     t_m = cost.bytes / hw.mem_bw
-    return {"flops": cost.flops, "bytes": cost.bytes, "blocks": cost.blocks, "wave_factor": u,
+    return {"flops": cost.flops, "bytes": cost.bytes, "blocks": blocks, "wave_factor": u,
             "t_compute": t_c, "t_memory": t_m, "t_roof": np.maximum(t_c, t_m),
             "bound": np.where(t_c >= t_m, "compute", "memory").astype(object)}
 

@@ -51,10 +51,7 @@ def roofline(cfg) -> None:
         print(f"roofline of one {kernel.get('family')} kernel on {hw.name} ({hw.key})")
         print(format_table(table))
     else:
-        hw = _hardware(cfg)
-        model = ModelConfig.from_mapping(cfg.model, _source("model"))
-        engine = EngineProfile.from_mapping(cfg.engine, _source("engine"))
-        par = ParallelConfig.from_mapping(cfg.parallel, _source("parallel"))
+        model, hw, engine, par = typed_configs(cfg)
         plan = memory_plan(model, hw, engine, par)  # refuses layouts and models that do not fit
         steps = [(f"decode step: {cfg.decode.batch} sequences at KV length {cfg.decode.kv_len}",
                   StepBatch(decode_ctx=(int(cfg.decode.kv_len),) * int(cfg.decode.batch))),
@@ -252,7 +249,7 @@ def write_table(df: pd.DataFrame, path) -> Path:
 
 # -- config helpers --------------------------------------------------------------------------
 
-def _source(group: str) -> str:
+def config_source(group: str) -> str:
     """conf/<group>/<choice>.yaml of the running Hydra job, for error messages."""
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -263,4 +260,11 @@ def _source(group: str) -> str:
 
 
 def _hardware(cfg) -> Hardware:
-    return Hardware.from_mapping(plain(cfg.hardware), _source("hardware"))
+    return Hardware.from_mapping(plain(cfg.hardware), config_source("hardware"))
+
+
+def typed_configs(cfg):
+    """(model, hardware, engine, parallel) of a composed config, each validated with its file named."""
+    return (ModelConfig.from_mapping(cfg.model, config_source("model")), _hardware(cfg),
+            EngineProfile.from_mapping(cfg.engine, config_source("engine")),
+            ParallelConfig.from_mapping(cfg.parallel, config_source("parallel")))

@@ -218,3 +218,15 @@ def test_vector_families_use_the_fp32_core_peak():
 def test_unsupported_dtype_on_a_device_is_an_error():
     with pytest.raises(KernelsightError, match="fp8"):
         roofline_shape(make_shape("gemm", m=1, n=1, k=1, dtype="fp8"), load_hardware("a100_sxm"))
+
+
+def test_gemm_with_few_tiles_splits_k_to_fill_the_sms():
+    """One 128x128 tile over a long K runs as split-K on the whole GPU, not on one SM."""
+    s = make_shape("gemm", m=128, n=128, k=65536)
+    r = roofline_shape(s, H100)
+    assert s.blocks == 1  # the tile decomposition, device-independent
+    assert r["blocks"] == 132 and r["wave_factor"] == 1
+    short = roofline_shape(make_shape("gemm", m=128, n=128, k=512), H100)
+    assert short["blocks"] == 2  # slices are at least 256 deep
+    big = roofline_shape(make_shape("gemm", m=8192, n=8192, k=8192), H100)
+    assert big["blocks"] == 4096  # enough tiles: no split

@@ -53,6 +53,8 @@ class Family:
     dominant: the shape parameter η is plotted against.
     checks: cross-field rules, each (bad-row mask function, message).
     cost: the one definition of flops, bytes and blocks.
+    launch_blocks: how the kernel re-splits its work for a given SM count
+    (GEMM split-K); None when the tile count is what launches.
     """
 
     name: str
@@ -63,6 +65,11 @@ class Family:
     cost_fn: Callable[[Columns], Cost]
     checks: tuple = ()
     shape: type | None = None
+    launch_blocks: Callable | None = None  # (cols, blocks, num_sms) -> blocks launched on that GPU
+
+    def blocks_on(self, cols: Columns, blocks: np.ndarray, num_sms: int) -> np.ndarray:
+        """Blocks actually launched on a GPU with num_sms SMs (default: the tile count)."""
+        return blocks if self.launch_blocks is None else self.launch_blocks(cols, blocks, num_sms)
 
     @property
     def columns(self) -> tuple:

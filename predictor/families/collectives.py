@@ -71,8 +71,9 @@ def _make(op: str) -> Family:
 def link_time(cols, cost: Cost, hw) -> np.ndarray:
     """Latency-bandwidth lower bound: alpha(link) + bus bytes / link bandwidth."""
     links = np.asarray(cols["link"]).reshape(-1).tolist()
+    link_bw = {x: hw.link_bw(x) for x in set(links)}
     alpha = np.asarray([ALPHA_S[x] for x in links])
-    bw = np.asarray([hw.link_bw(x) for x in links])
+    bw = np.asarray([link_bw[x] for x in links])
     return alpha + cost.bytes / bw
 
 

@@ -1,0 +1,317 @@
+"""What a simulation leaves behind: Parquet tables, a Perfetto trace, plots and the terminal summary.
+
+Files in the output directory:
+  requests.parquet   one row per finished request (times in s from the first arrival, latencies in ms)
+  steps.parquet      one row per engine step: when it was formed, launched and done, its batch,
+                     queue lengths and KV usage
+  breakdown.csv      GPU seconds per kernel family in prefill-only, decode-only and mixed steps,
+                     and the pricer's prefill / decode split of every step
+  trace.json         Chrome / Perfetto trace (ui.perfetto.dev, chrome://tracing): host and GPU
+                     slices per step, kernels of the first steps, queue and KV counters
+  summary.json       every metric of the terminal summary
+  latency_cdf.png, timeline.png, breakdown.png
+Tables are written in chunks while the simulation runs, so memory stays flat.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+CHUNK_ROWS = 65_536
+
+REQUEST_COLUMNS = ("request_id", "replica", "arrival_s", "first_scheduled_s", "first_token_s", "finish_s",
+                   "input_len", "output_len", "cached_tokens", "preemptions", "queue_ms", "ttft_ms",
+                   "tpot_ms", "e2el_ms")
+STEP_COLUMNS = ("replica", "step", "schedule_s", "launch_s", "end_s", "host_ms", "gpu_ms", "prefill_seqs",
+                "prefill_tokens", "decode_seqs", "sampled", "running", "waiting", "kv_usage", "preempted")
+STEP_KINDS = ("prefill", "decode", "mixed")
+
+
+class _ChunkedTable:
+    """Rows appended as columns of Python lists, flushed to one Parquet file every CHUNK_ROWS rows."""
+
+    def __init__(self, path: Path, columns: tuple):
+        self.path = path
+        self.columns = columns
+        self.buffers = {c: [] for c in columns}
+        self.writer = None
+        self.rows = 0
+
+    def append(self, values: tuple) -> None:
+        for buf, v in zip(self.buffers.values(), values):
+            buf.append(v)
+        self.rows += 1
+        if len(self.buffers[self.columns[0]]) >= CHUNK_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buffers[self.columns[0]] and self.writer is not None:
+            return
+        table = pa.table({c: self.buffers[c] for c in self.columns})
+        if self.writer is None:
+            self.writer = pq.ParquetWriter(self.path, table.schema)
+        self.writer.write_table(table)
+        self.buffers = {c: [] for c in self.columns}
+
+    def close(self) -> None:
+        self.flush()
+        self.writer.close()
+
+
+class Recorder:
+    """Receives every step and finished request from the Engine and writes the output files."""
+
+    def __init__(self, out_dir: Path, trace_steps: int = 2000, trace_kernel_steps: int = 20):
+        self.out_dir = Path(out_dir)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.requests = _ChunkedTable(self.out_dir / "requests.parquet", REQUEST_COLUMNS)
+        self.steps = _ChunkedTable(self.out_dir / "steps.parquet", STEP_COLUMNS)
+        self.trace_steps = trace_steps
+        self.trace_kernel_steps = trace_kernel_steps
+        self.events: list[dict] = []
+        self._traced = 0
+
+    def step(self, replica, step, t_schedule: float, t_launch: float, t_end: float, gpu_s: float,
+             host_s: float) -> None:
+        b = step.batch
+        sched = replica.scheduler
+        self.steps.append((replica.index, step.index, t_schedule, t_launch, t_end, host_s * 1e3, gpu_s * 1e3, len(b.prefill_new), b.num_prefill_tokens, len(b.decode_ctx),
+                           b.num_sampled, len(sched.running), len(sched.waiting), replica.kv.usage,
+                           len(step.preempted)))
+        if self._traced < self.trace_steps:
+            self._trace_step(replica, step, t_schedule, t_launch, t_end, gpu_s, host_s)
+
+    def _trace_step(self, replica, step, t_schedule, t_launch, t_end, gpu_s, host_s) -> None:
+        self._traced += 1
+        b = step.batch
+        pid = replica.index
+        us = 1e6
+        name = f"step {step.index}: {b.num_prefill_tokens} prefill tok, {len(b.decode_ctx)} decodes"
+        args = {"prefill_chunks": list(b.prefill_new), "prefill_cached": list(b.prefill_ctx),
+                "decodes": len(b.decode_ctx), "gpu_ms": gpu_s * 1e3, "host_ms": host_s * 1e3,
+                "preempted": [r.request_id for r in step.preempted]}
+        ev = self.events
+        ev.append({"name": "schedule+prepare", "ph": "X", "pid": pid, "tid": 0, "ts": t_schedule * us,
+                   "dur": host_s * us})
+        ev.append({"name": name, "ph": "X", "pid": pid, "tid": 1, "ts": t_launch * us,
+                   "dur": (t_end - t_launch) * us, "args": args})
+        sched = replica.scheduler
+        ev.append({"name": "queue", "ph": "C", "pid": pid, "ts": t_schedule * us,
+                   "args": {"running": len(sched.running), "waiting": len(sched.waiting)}})
+        ev.append({"name": "kv_usage", "ph": "C", "pid": pid, "ts": t_schedule * us,
+                   "args": {"kv_usage": replica.kv.usage}})
+        if step.index < self.trace_kernel_steps and hasattr(replica.pricer, "kernels"):
+            t = t_launch
+            for k in replica.pricer.kernels(b):
+                dur = k.total_s
+                ev.append({"name": k.call.name, "ph": "X", "pid": pid, "tid": 2, "ts": t * us, "dur": dur * us,
+                           "args": {"family": k.call.family, "launches": k.call.count,
+                                    "us_per_launch": k.seconds * us}})
+                t += dur
+
+    def request(self, req, latencies) -> None:
+        ttft, tpot, e2el = latencies
+        self.requests.append((req.request_id, req.replica, req.arrival_time, req.first_scheduled_time,
+                              req.first_token_time, req.finish_time, req.prompt_len, req.output_len,
+                              max(req.num_cached_tokens, 0), req.num_preemptions, req.queue_time * 1e3,
+                              ttft * 1e3, tpot * 1e3, e2el * 1e3))
+
+    def close(self, num_replicas: int) -> None:
+        self.requests.close()
+        self.steps.close()
+        meta = [{"name": "process_name", "ph": "M", "pid": r, "args": {"name": f"replica {r}"}}
+                for r in range(num_replicas)]
+        for r in range(num_replicas):
+            for tid, label in ((0, "host"), (1, "GPU steps"), (2, "kernels (identical layers merged)")):
+                meta.append({"name": "thread_name", "ph": "M", "pid": r, "tid": tid, "args": {"name": label}})
+        with open(self.out_dir / "trace.json", "w") as f:
+            json.dump({"traceEvents": meta + self.events, "displayTimeUnit": "ms"}, f)
+
+
+# ----- breakdown -----
+
+def step_kind(batch) -> str:
+    if batch.prefill_new and batch.decode_ctx:
+        return "mixed"
+    return "prefill" if batch.prefill_new else "decode"
+
+
+class BreakdownAccumulator:
+    """GPU seconds per kernel family by step kind, and per phase, summed over every step's breakdown."""
+
+    def __init__(self):
+        self.family = {kind: {} for kind in STEP_KINDS}
+        self.phase: dict[str, float] = {}
+
+    def add(self, batch, parts: dict) -> None:
+        acc = self.family[step_kind(batch)]
+        for name, seconds in parts["family"].items():
+            acc[name] = acc.get(name, 0.0) + seconds
+        for name, seconds in parts["phase"].items():
+            self.phase[name] = self.phase.get(name, 0.0) + seconds
+
+    def table(self):
+        """DataFrame: family x step kind seconds, total and share of all GPU time."""
+        import pandas as pd
+
+        families = sorted({f for kind in STEP_KINDS for f in self.family[kind]})
+        df = pd.DataFrame({kind: [self.family[kind].get(f, 0.0) for f in families] for kind in STEP_KINDS},
+                          index=pd.Index(families, name="family"))
+        df["total_s"] = df.sum(axis=1)
+        grand = df["total_s"].sum()
+        df["share"] = df["total_s"] / grand if grand else 0.0
+        return df.sort_values("total_s", ascending=False)
+
+
+def write_breakdown(acc: BreakdownAccumulator, path: Path) -> None:
+    df = acc.table().rename(columns={k: f"{k}_steps_s" for k in STEP_KINDS})
+    df.to_csv(path, float_format="%.6g")
+    with open(path, "a") as f:
+        f.write("\n# pricer phase split of GPU time (s): "
+                + ", ".join(f"{k}={v:.6g}" for k, v in acc.phase.items()) + "\n")
+
+
+# ----- plots -----
+
+def write_plots(out_dir: Path, metrics, acc: BreakdownAccumulator | None) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    out_dir = Path(out_dir)
+    written = []
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.6))
+    for ax, name, title in zip(axes, ("ttft", "tpot", "itl", "e2el"), ("TTFT", "TPOT", "ITL", "E2E latency")):
+        dist = metrics.dist[name]
+        if dist.count:
+            x, y = dist.cdf_points()
+            ax.step(x, y, where="post")
+            if dist.max > 20 * dist.min > 0:      # wide range: log axis with plain labels
+                ax.set_xscale("log")
+                ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+                ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_title(title)
+        ax.set_xlabel("ms")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("fraction of requests (ITL: of gaps)")
+    fig.tight_layout()
+    written.append(out_dir / "latency_cdf.png")
+    fig.savefig(written[-1], dpi=110)
+    plt.close(fig)
+
+    steps_path = out_dir / "steps.parquet"
+    if steps_path.is_file():
+        t = pq.read_table(steps_path, columns=["end_s", "sampled", "running", "waiting", "kv_usage"])
+        end = t["end_s"].to_numpy()
+        if end.size:
+            bins = np.linspace(0.0, float(end.max()) * (1 + 1e-9), min(200, max(10, end.size // 50)) + 1)
+            width = bins[1] - bins[0]
+            tokens = np.histogram(end, bins, weights=t["sampled"].to_numpy())[0] / width
+            count = np.maximum(np.histogram(end, bins)[0], 1)
+            mean = {c: np.histogram(end, bins, weights=t[c].to_numpy())[0] / count
+                    for c in ("running", "waiting", "kv_usage")}
+            centers = (bins[:-1] + bins[1:]) / 2
+            fig, axes = plt.subplots(3, 1, figsize=(10, 7), sharex=True)
+            axes[0].plot(centers, tokens)
+            axes[0].set_ylabel("output tokens/s")
+            axes[1].plot(centers, mean["running"], label="running")
+            axes[1].plot(centers, mean["waiting"], label="waiting")
+            axes[1].set_ylabel("requests (all replicas' steps)")
+            axes[1].legend()
+            axes[2].plot(centers, mean["kv_usage"])
+            axes[2].set_ylabel("KV usage")
+            axes[2].set_xlabel("simulated time (s)")
+            for ax in axes:
+                ax.grid(alpha=0.3)
+            fig.tight_layout()
+            written.append(out_dir / "timeline.png")
+            fig.savefig(written[-1], dpi=110)
+            plt.close(fig)
+
+    if acc is not None:
+        df = acc.table()
+        if len(df):
+            fig, ax = plt.subplots(figsize=(9, 4))
+            bottom = np.zeros(len(STEP_KINDS))
+            for family, row in df.iterrows():
+                values = np.array([row[k] for k in STEP_KINDS])
+                ax.bar(STEP_KINDS, values, bottom=bottom, label=family)
+                bottom += values
+            ax.set_ylabel("GPU seconds")
+            ax.set_title("GPU time by kernel family and step kind")
+            ax.legend(fontsize=7, ncol=2, bbox_to_anchor=(1.02, 1), loc="upper left")
+            fig.tight_layout()
+            written.append(out_dir / "breakdown.png")
+            fig.savefig(written[-1], dpi=110)
+            plt.close(fig)
+    return written
+
+
+# ----- terminal summary -----
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return "n/a" if math.isnan(value) else f"{value:.2f}"
+    return str(value)
+
+
+def format_summary(summary: dict, title: str, acc: BreakdownAccumulator | None = None) -> str:
+    """`vllm bench serve`-style result block, plus engine statistics and the kernel breakdown."""
+    width = 50
+    lines = ["{s:{c}^{n}}".format(s=" Serving Simulation Result ", n=width, c="="), title]
+
+    def row(label, key, fmt=_fmt):
+        lines.append(f"{label:<40} {fmt(summary[key]):<10}")
+
+    def section(text):
+        lines.append("{s:{c}^{n}}".format(s=text, n=width, c="-"))
+
+    row("Successful requests:", "completed")
+    row("Failed requests (too long):", "failed")
+    row("Benchmark duration (s):", "duration_s")
+    row("Total input tokens:", "total_input_tokens")
+    row("Total generated tokens:", "total_output_tokens")
+    row("Request throughput (req/s):", "request_throughput")
+    row("Output token throughput (tok/s):", "output_throughput")
+    row("Total Token throughput (tok/s):", "total_token_throughput")
+    if not math.isnan(summary["request_goodput"]):
+        row("Request goodput (req/s):", "request_goodput")
+    for key, label, heading in (("ttft", "TTFT", "Time to First Token"),
+                                ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
+                                ("itl", "ITL", "Inter-token Latency"),
+                                ("e2el", "E2EL", "End-to-end Latency")):
+        section(heading)
+        row(f"Mean {label} (ms):", f"mean_{key}_ms")
+        row(f"Median {label} (ms):", f"median_{key}_ms")
+        row(f"P90 {label} (ms):", f"p90_{key}_ms")
+        row(f"P99 {label} (ms):", f"p99_{key}_ms")
+    section("Engine")
+    pct = lambda v: "n/a" if isinstance(v, float) and math.isnan(v) else f"{100 * v:.1f}%"
+    row("KV cache blocks per replica:", "kv_blocks_per_replica")
+    row("KV usage, mean over steps / max:", "kv_usage_mean", lambda v: f"{pct(v)} / {pct(summary['kv_usage_max'])}")
+    row("Prefix cache hit rate:", "prefix_cache_hit_rate", pct)
+    row("Preemptions (requests preempted):", "preemptions",
+        lambda v: f"{v} ({summary['preempted_requests']})")
+    row("Mean queueing time (ms):", "mean_queue_ms")
+    row("Mean requests in system / waiting:", "mean_requests_in_system",
+        lambda v: f"{_fmt(v)} / {_fmt(summary['mean_requests_waiting'])}")
+    row("Engine steps:", "num_steps")
+    row("GPU busy:", "gpu_busy_fraction", pct)
+    if acc is not None:
+        df = acc.table()
+        if len(df):
+            section("GPU time by kernel family")
+            lines.append(f"{'family':<16}{'share':>8}{'prefill':>9}{'decode':>9}{'mixed':>9}  (steps, s)")
+            for family, r in df.head(10).iterrows():
+                lines.append(f"{family:<16}{100 * r['share']:>7.1f}%{r['prefill']:>9.2f}{r['decode']:>9.2f}"
+                             f"{r['mixed']:>9.2f}")
+    lines.append("=" * width)
+    return "\n".join(lines)

@@ -1,0 +1,163 @@
+"""KV-cache manager: block conservation, vLLM's free-queue order, prefix hits on identical prefixes only."""
+import random
+
+import pytest
+
+from kernelsight.sim.kv_cache import KVCacheManager
+from kernelsight.sim.request import OUTPUT, SHARED_PREFIX, UNIQUE, Request
+
+BS = 4
+
+
+def req(rid, segments, output_len=8):
+    return Request(rid, 0.0, sum(n for _, n in segments), output_len, tuple(segments))
+
+
+def admit(kv, r, known=None):
+    """vLLM's admission: look up the cached prefix, allocate the rest of the prompt."""
+    known = r.prompt_len if known is None else known
+    hits = kv.get_computed_blocks(r, known)
+    assert kv.allocate_slots(r, 0, known, known - len(hits) * BS, hits)
+    return len(hits) * BS
+
+
+def test_allocation_counts_blocks_and_conserves_them():
+    kv = KVCacheManager(10, BS)
+    a = req(1, [((UNIQUE, 1), 9)])
+    assert admit(kv, a) == 0
+    assert len(a.block_ids) == 3 and kv.num_free == 7 and kv.usage == pytest.approx(0.3)
+    kv.check_invariants()
+    # a decode that stays inside the last block needs no new block; the next one does
+    assert kv.allocate_slots(a, 9, 10, 1) and len(a.block_ids) == 3
+    assert a.fast_limit == 13                  # decodes computing up to 12 tokens fit
+    assert kv.allocate_slots(a, 12, 13, 1) and len(a.block_ids) == 4
+    kv.free(a)
+    assert kv.num_free == 10 and a.block_ids == []
+    kv.check_invariants()
+
+
+def test_allocation_is_all_or_nothing():
+    kv = KVCacheManager(4, BS)
+    a, b = req(1, [((UNIQUE, 1), 12)]), req(2, [((UNIQUE, 2), 12)])
+    admit(kv, a)
+    before = (kv.num_free, kv.free_order())
+    assert not kv.allocate_slots(b, 0, 12, 12)
+    assert (kv.num_free, kv.free_order()) == before and b.block_ids == []
+    kv.check_invariants()
+
+
+def test_free_appends_blocks_in_reverse_so_the_tail_is_evicted_first():
+    kv = KVCacheManager(8, BS)
+    a = req(1, [((UNIQUE, 1), 12)])
+    admit(kv, a)
+    blocks = list(a.block_ids)
+    kv.free(a)
+    assert kv.free_order()[-3:] == blocks[::-1]
+    assert kv.free_order()[:5] == [3, 4, 5, 6, 7]     # never-used blocks are handed out first
+
+
+def test_prefix_hits_only_on_identical_prefixes():
+    kv = KVCacheManager(64, BS)
+    system = ((SHARED_PREFIX, 7), 8)
+    a = req(1, [system, ((UNIQUE, 1), 8)])
+    admit(kv, a)
+    same_system = req(2, [system, ((UNIQUE, 2), 8)])
+    assert len(kv.get_computed_blocks(same_system, 16)) == 2          # the 8 system-prompt tokens
+    identical = req(3, [system, ((UNIQUE, 1), 8)])                    # same tokens as a
+    assert len(kv.get_computed_blocks(identical, 16)) == 3            # all but the last token's block
+    other_system = req(4, [((SHARED_PREFIX, 8), 8), ((UNIQUE, 1), 8)])
+    assert kv.get_computed_blocks(other_system, 16) == []             # same suffix, other prefix: no hit
+    shifted = req(5, [((UNIQUE, 9), 4), system, ((UNIQUE, 1), 4)])    # a's tokens at other positions
+    assert kv.get_computed_blocks(shifted, 16) == []
+    assert kv.num_cached_prefix_blocks(same_system, 16) == 2
+
+
+def test_a_fully_cached_prompt_still_computes_its_last_token():
+    kv = KVCacheManager(16, BS)
+    a = req(1, [((SHARED_PREFIX, 1), 8)])
+    admit(kv, a)
+    b = req(2, [((SHARED_PREFIX, 1), 8)])
+    hit = admit(kv, b)
+    assert hit == 4                            # (8 - 1) // 4 = 1 block: the last block is recomputed
+    assert b.block_ids[0] == a.block_ids[0] and kv.ref_cnt[a.block_ids[0]] == 2
+    kv.check_invariants()
+
+
+def test_hit_on_a_free_cached_block_takes_it_out_of_the_free_queue():
+    kv = KVCacheManager(8, BS)
+    a = req(1, [((SHARED_PREFIX, 1), 8), ((UNIQUE, 1), 4)])
+    admit(kv, a)
+    cached = a.block_ids[:2]
+    kv.free(a)
+    assert all(kv.ref_cnt[x] == 0 for x in cached) and kv.num_free == 8
+    b = req(2, [((SHARED_PREFIX, 1), 8), ((UNIQUE, 2), 4)])
+    assert admit(kv, b) == 8
+    assert b.block_ids[:2] == cached and not set(cached) & set(kv.free_order())
+    kv.check_invariants()
+
+
+def test_eviction_pops_the_least_recently_freed_cached_blocks():
+    kv = KVCacheManager(6, BS)
+    a = req(1, [((SHARED_PREFIX, 1), 12)])
+    b = req(2, [((SHARED_PREFIX, 2), 12)])
+    admit(kv, a)
+    admit(kv, b)
+    kv.free(a)          # a's blocks are older in the free queue than b's
+    kv.free(b)
+    c = req(3, [((UNIQUE, 3), 12)])
+    admit(kv, c)        # takes 3 blocks from the head: exactly a's
+    assert kv.evictions == 3
+    assert kv.get_computed_blocks(req(4, [((SHARED_PREFIX, 1), 12)]), 12) == []
+    assert len(kv.get_computed_blocks(req(5, [((SHARED_PREFIX, 2), 12)]), 12)) == 2
+    kv.check_invariants()
+
+
+def test_identical_blocks_computed_twice_stay_findable_after_one_is_evicted():
+    kv = KVCacheManager(8, BS)
+    a = req(1, [((SHARED_PREFIX, 1), 8)])
+    b = req(2, [((SHARED_PREFIX, 1), 8)])
+    assert kv.allocate_slots(a, 0, 8, 8) and kv.allocate_slots(b, 0, 8, 8)   # no lookup: both compute
+    kv.free(a)
+    admit(kv, req(3, [((UNIQUE, 3), 24)]))     # evicts a's copies (oldest free blocks first)
+    kv.check_invariants()
+    assert len(kv.get_computed_blocks(req(4, [((SHARED_PREFIX, 1), 8)]), 8)) == 1
+
+
+def test_decode_filled_blocks_are_cached_by_free_and_hit_by_a_later_turn():
+    kv = KVCacheManager(16, BS)
+    a = req(1, [((UNIQUE, 1), 4)], output_len=9)
+    admit(kv, a)
+    for computed in range(4, 12):           # decode 8 tokens (known = computed + 1)
+        assert kv.allocate_slots(a, computed, computed + 1, 1)
+    kv.free(a, num_cacheable=12)
+    # the next turn quotes the prompt and the 9-token answer, then asks more
+    turn2 = req(2, [((UNIQUE, 1), 4), ((OUTPUT, 1), 9), ((UNIQUE, 2), 3)])
+    assert len(kv.get_computed_blocks(turn2, 16)) == 3     # prompt block + the 2 full output blocks
+
+
+def test_disabled_caching_never_hits():
+    kv = KVCacheManager(8, BS, enable_caching=False)
+    a = req(1, [((SHARED_PREFIX, 1), 8)])
+    admit(kv, a)
+    kv.free(a, 8)
+    assert kv.get_computed_blocks(req(2, [((SHARED_PREFIX, 1), 8)]), 8) == []
+    assert kv.hit_rate == 0.0
+
+
+def test_random_operations_conserve_blocks():
+    rng = random.Random(0)
+    kv = KVCacheManager(40, BS)
+    live = []
+    for step in range(400):
+        if live and rng.random() < 0.4:
+            r, computed = live.pop(rng.randrange(len(live)))
+            kv.free(r, computed)
+        else:
+            group = rng.randrange(3)
+            r = req(step, [((SHARED_PREFIX, group), 8), ((UNIQUE, step), rng.randint(1, 12))])
+            hits = kv.get_computed_blocks(r, r.prompt_len)
+            new = r.prompt_len - len(hits) * BS
+            if kv.allocate_slots(r, 0, r.prompt_len, new, hits):
+                live.append((r, r.prompt_len))
+        kv.check_invariants()
+        assert kv.num_used + kv.num_free == kv.num_blocks
