@@ -21,11 +21,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from kernelsight.predictor import dtypes as _dtypes
 from kernelsight.predictor.errors import KernelsightError, did_you_mean
-from kernelsight.predictor.paths import conf_dir
+from kernelsight.predictor.paths import conf_dir, read_yaml
 
 __all__ = [
     "DTYPES",
@@ -301,34 +299,10 @@ def _aliases(source: str, value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise KernelsightError(f"{path}: cannot read hardware file: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "context_mark", None) or getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        where, near = "", ""
-        if mark is not None:
-            where = f" at line {mark.line + 1}, column {mark.column + 1}"
-            lines = text.splitlines()
-            if 0 <= mark.line < len(lines):
-                m = re.match(r"\s*([A-Za-z_][\w.]*)\s*:", lines[mark.line])
-                if m:
-                    near = f" (field {m.group(1)!r})"
-        raise KernelsightError(f"{path}: malformed YAML{where}{near}: {problem}".replace("\n", " ")) from None
-    if data is None:
-        raise KernelsightError(f"{path}: file is empty; expected a mapping of hardware fields")
-    return data
-
-
 def load_hardware_file(path: str | Path) -> Hardware:
     """Load and validate one conf/hardware/<key>.yaml (also for files outside the catalog)."""
     path = Path(path)
-    hw = Hardware.from_mapping(_read_yaml(path), str(path))
+    hw = Hardware.from_mapping(read_yaml(path, "hardware"), str(path))
     if hw.key != path.stem:
         raise _fail(str(path), "key", f"is {hw.key!r} but the file is named {path.name!r}; they must match "
                                       f"(Hydra selects hardware=<file name>)")

@@ -8,9 +8,13 @@ to the checkout.
 from __future__ import annotations
 
 import importlib.util
+import re
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from kernelsight.predictor.errors import KernelsightError
 
@@ -57,3 +61,30 @@ def conf_dir() -> Path:
 def data_dir() -> Path:
     """The committed data root (data/: sweeps/, public/, artifacts/, validation/)."""
     return _package_dir("kernelsight.data", "data")
+
+
+def read_yaml(path: str | Path, what: str) -> Any:
+    """Parsed YAML of a config file; unreadable, malformed or empty files are one-line errors
+    (malformed ones name the line, column and the field on that line)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise KernelsightError(f"{path}: cannot read {what} file: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "context_mark", None) or getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        where, near = "", ""
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+            lines = text.splitlines()
+            if 0 <= mark.line < len(lines):
+                m = re.match(r"\s*([A-Za-z_][\w.]*)\s*:", lines[mark.line])
+                if m:
+                    near = f" (field {m.group(1)!r})"
+        raise KernelsightError(f"{path}: malformed YAML{where}{near}: {problem}".replace("\n", " ")) from None
+    if data is None:
+        raise KernelsightError(f"{path}: file is empty; expected a mapping of {what} fields")
+    return data

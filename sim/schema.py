@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
-
 from kernelsight.predictor.errors import KernelsightError, did_you_mean
+from kernelsight.predictor.paths import read_yaml  # noqa: F401 (the loaders import it from here)
 
 _MISSING = object()
 
@@ -46,25 +44,6 @@ def plain(node: Any) -> Any:
     if isinstance(node, (DictConfig, ListConfig)):
         return OmegaConf.to_container(node, resolve=True)
     return node
-
-
-def read_yaml(path: str | Path, what: str) -> Any:
-    """Parsed YAML of `path`; unreadable, malformed or empty files are one-line errors."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise KernelsightError(f"{path}: cannot read {what} file: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or type(exc).__name__
-        raise KernelsightError(f"{path}: malformed YAML{where}: {problem}") from None
-    if data is None:
-        raise KernelsightError(f"{path}: file is empty; expected a mapping of {what} fields")
-    return data
 
 
 def check(data: Any, fields: Mapping[str, Spec], source: str, prefix: str = "") -> dict:

@@ -1,5 +1,4 @@
 """Scheduler (vLLM v1 policy) and the event loop's step pipeline, with an explicit linear step price."""
-from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -7,17 +6,11 @@ import pytest
 from kernelsight.sim.engine import Engine, build_replicas
 from kernelsight.sim.kv_cache import KVCacheManager
 from kernelsight.sim.request import SHARED_PREFIX, UNIQUE, Request
+from kernelsight.sim.pricing import StepTime
 from kernelsight.sim.scheduler import Scheduler, SchedulerConfig
 from kernelsight.sim.workload import Workload, WorkloadConfig
 
 BS = 4
-
-
-@dataclass(frozen=True)
-class StepTime:
-    gpu_s: float
-    host_s: float
-    total_s: float
 
 
 class LinearPricer:

@@ -3,7 +3,6 @@ import json
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -14,6 +13,7 @@ from hydra import compose, initialize_config_dir
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.paths import conf_dir
 from kernelsight.sim.engine import Engine, build_replicas
+from kernelsight.sim.pricing import StepTime
 from kernelsight.sim.scheduler import SchedulerConfig
 from kernelsight.sim.simulate import append_result, simulate
 from kernelsight.sim.workload import Workload, WorkloadConfig
@@ -22,13 +22,6 @@ from kernelsight.sim.workload import Workload, WorkloadConfig
 CLI = ("import sys; from kernelsight.predictor import cli; "
        "cli.COMMANDS.setdefault('simulate', cli.Command('kernelsight.sim.simulate:simulate', 'simulate')); "
        "cli.main(['simulate', *sys.argv[1:]])")
-
-
-@dataclass(frozen=True)
-class StepTime:
-    gpu_s: float
-    host_s: float
-    total_s: float
 
 
 class LinearPricer:
