@@ -140,6 +140,23 @@ def split_command(argv: list[str]) -> tuple[str, list[str]]:
     return argv[0], argv[1:]
 
 
+def check_composes(name: str, overrides: list[str]) -> None:
+    """Compose a single run's config first, so an unknown key or bad value is one line, not Hydra's page."""
+    if any(o in ("-m", "--multirun") for o in overrides):
+        return  # sweeps are checked by Hydra per job
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    plain = [o for o in overrides if not o.startswith("-") and not o.startswith("hydra")]
+    try:
+        with initialize_config_dir(config_dir=str(Path(conf_dir()).resolve()), version_base="1.3"):
+            compose(COMMANDS[name].config_name(name), overrides=plain)
+    except (HydraException, OmegaConfBaseException) as e:
+        first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
+        raise KernelsightError(f"bad setting: {first.strip()}") from None
+
+
 def run_command(name: str, overrides: list[str]) -> None:
     import hydra
 
@@ -169,6 +186,8 @@ def main(argv: list[str] | None = None) -> None:
         name, args = split_command(argv)
         overrides = to_overrides(COMMANDS[name], args)
         check_group_overrides(overrides)
+        if not any(o in ("-h", "--help", "--hydra-help") for o in overrides):
+            check_composes(name, overrides)
     except KernelsightError as e:
         print(f"kernelsight: error: {e}", file=sys.stderr)
         sys.exit(2)

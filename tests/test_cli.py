@@ -72,3 +72,11 @@ def test_installed_entry_point_runs():
     bad = subprocess.run([exe, "roofline", "hardware=h10O"], capture_output=True, text=True)
     assert bad.returncode == 2
     assert bad.stderr.count("\n") == 1 and "did you mean" in bad.stderr
+
+
+def test_unknown_setting_is_one_line_not_hydras_page(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["roofline", "decode.nonsense=1"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "decode.nonsense" in err and "\n" not in err
