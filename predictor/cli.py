@@ -37,6 +37,9 @@ COMMANDS = {
     "simulate": Command("kernelsight.sim.simulate:simulate",
                         "replay a serving workload on simulated vLLM engines: TTFT/TPOT/ITL/E2E, throughput, KV cache, "
                         "GPU time per kernel family"),
+    "validate": Command("kernelsight.sim.validate.commands:validate",
+                        "simulate every row of a validation CSV (real serving runs) and score TTFT, TPOT and "
+                        "throughput in both η tiers", positional="csv"),
     "bench": Command("kernelsight.microbench.commands:bench",
                      "collect a kernel sweep on this machine's GPU (sweep=quick|full|cpu, resume=true, dry_run=true)"),
     "bench report": Command("kernelsight.microbench.commands:bench_report",

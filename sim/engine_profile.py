@@ -7,6 +7,7 @@ of every key; this module is its typed schema. Sections:
   kernels     which ops run fused (read by graph.py)
   cuda_graph  which steps replay a captured graph, at which padded sizes
   host        CPU time per step and whether it overlaps GPU work (pricing.py)
+  allreduce   which all-reduce implementation runs a TP all-reduce of a given size (pricing.py)
   memory      the non-KV memory terms of vLLM's profile run (memory.py)
 """
 from __future__ import annotations
@@ -71,6 +72,24 @@ class HostSettings:
 
 
 @dataclass(frozen=True)
+class AllReduceSettings:
+    """vLLM's all-reduce flavour by message size: its custom kernel below custom_max_mib[world size]
+    on NVLink, NCCL (the predictor's allreduce model) otherwise; the custom kernel's latency is
+    custom_alpha_us + bus bytes / (custom_bus_efficiency x NVLink bandwidth)."""
+
+    custom: bool
+    custom_max_mib: dict
+    custom_alpha_us: float
+    custom_bus_efficiency: float
+
+    def custom_max_bytes(self, world_size: int) -> float:
+        """Largest message (bytes, exclusive) the custom kernel takes at this world size; 0 = never."""
+        if not self.custom:
+            return 0.0
+        return self.custom_max_mib.get(f"tp{int(world_size)}", 0.0) * 2.0**20
+
+
+@dataclass(frozen=True)
 class MemorySettings:
     total_reserved_fraction: float
     non_torch_gib: float
@@ -86,6 +105,7 @@ class EngineProfile:
     kernels: KernelSettings
     cuda_graph: CudaGraphSettings
     host: HostSettings
+    allreduce: AllReduceSettings
     memory: MemorySettings
     source: str = ""
 
@@ -103,7 +123,8 @@ class EngineProfile:
                                    f"{sched['max_num_seqs']} (vLLM refuses this too)")
         return cls(name=v["name"], engine=v["engine"], scheduler=SchedulerSettings(**sched),
                    kernels=KernelSettings(**v["kernels"]), cuda_graph=CudaGraphSettings(**graph),
-                   host=HostSettings(**v["host"]), memory=MemorySettings(**v["memory"]), source=source)
+                   host=HostSettings(**v["host"]), allreduce=AllReduceSettings(**v["allreduce"]),
+                   memory=MemorySettings(**v["memory"]), source=source)
 
 
 _FIELDS = {
@@ -137,6 +158,13 @@ _FIELDS = {
         "sampler_us": Spec("number"),
         "kernel_launch_us": Spec("number"),
         "graph_launch_us": Spec("number"),
+    }),
+    "allreduce": Spec("section", fields={
+        "custom": Spec("bool"),
+        # vLLM's custom all-reduce supports world sizes 2, 4, 6 and 8 (CustomAllreduce._SUPPORTED_WORLD_SIZES)
+        "custom_max_mib": Spec("section", fields={f"tp{n}": Spec("number") for n in (2, 4, 6, 8)}),
+        "custom_alpha_us": Spec("number"),
+        "custom_bus_efficiency": Spec("fraction"),
     }),
     "memory": Spec("section", fields={
         "total_reserved_fraction": Spec("number"),

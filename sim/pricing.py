@@ -16,6 +16,9 @@ Error of the interpolation: below 0.5% of step time (tests/test_graph.py checks 
 prefill-only and decode-only steps of dense, MoE and sliding-window models against pricing every
 kernel exactly; `step_time(batch, exact=True)` does that).
 
+All-reduces take the engine profile's flavour (vLLM's custom kernel below a size limit per world
+size, NCCL above it; see engine_profile.AllReduceSettings).
+
 Overheads come from the engine profile: decode-only batches up to the largest capture size
 replay one full CUDA graph and run at the padded size; other batches up to that size replay
 piecewise graphs (attention and KV write launched eagerly between them); larger batches and
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernelsight.predictor.families import get_family
 from kernelsight.predictor.families.attention import Q_TILE
 
 from .batch import StepBatch
@@ -244,12 +248,31 @@ class StepPricer:
             parts = [calls[i].columns() for i in idx]
             cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
             seconds = np.asarray(self.predictor.latency(family, cols), dtype=np.float64)
+            if family == "allreduce":
+                seconds = self._allreduce_flavour(cols, seconds)
             start = 0
             for i in idx:
                 n = calls[i].num_rows
                 out[i] = seconds[start:start + n]
                 start += n
         return out
+
+    def _allreduce_flavour(self, cols: dict, nccl_s: np.ndarray) -> np.ndarray:
+        """All-reduces vLLM runs with its custom kernel (engine `allreduce` section) priced by its
+        latency-bandwidth model; the rest keep the predictor's (NCCL-fitted) time."""
+        settings = self.engine.allreduce
+        if not settings.custom or not self.hw.nvlink_gbs_per_dir:
+            return nccl_s
+        world = np.asarray(cols["world_size"], dtype=np.int64)
+        msg = np.asarray(cols["msg_bytes"], dtype=np.float64)
+        limit = np.asarray([settings.custom_max_bytes(w) for w in world.tolist()])
+        custom = (msg < limit) & (np.asarray(cols["link"]) == "nvlink")
+        if not custom.any():
+            return nccl_s
+        bus = get_family("allreduce").cost(cols).bytes
+        custom_s = (settings.custom_alpha_us * US
+                    + bus / (settings.custom_bus_efficiency * self.hw.link_bw("nvlink")))
+        return np.where(custom, custom_s, nccl_s)
 
     def _exact(self, call: KernelCall) -> float:
         return float(self._price([call])[0].sum())

@@ -1,0 +1,143 @@
+"""Fitting the composition model: host terms of the engine profile from end-to-end rows.
+
+The host model (sim/pricing.py) adds to every step of a synchronous engine
+
+    host_s = step_overhead_us + per_request_us * scheduled sequences + sampler_us * [step samples]
+
+(microseconds). A row's step log (run.py) fixes which requests run in which step,
+independently of step durations, so the mean TTFT and TPOT of its measured
+requests are AFFINE in these parameters:
+
+    mean TTFT(theta) = mean TTFT(theta0) + sum_k (theta_k - theta0_k) * dTTFT/dtheta_k
+
+with dTTFT/dtheta_k = mean over requests of the sum of term k's feature over the
+steps between the request's send and first token (likewise TPOT between first and
+last token, divided by osl - 1). `linearize` turns a step log into these
+coefficients once; any parameter vector is then priced exactly and instantly.
+
+Fit procedure (`fit`): least squares on log(predicted / measured) of the chosen
+metrics (default TPOT: TTFT's error in closed loops is dominated by how arrivals
+group into prefill steps, which these terms do not change) over the chosen
+parameters, bounded below by 0, starting from the profile's values; the other
+parameters keep their profile values. `leave_one_group_out` fits once per group
+(model_path) on the other groups' rows and predicts the held-out group, so the
+reported held-out error never saw the rows it scores.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kernelsight.predictor.errors import KernelsightError
+
+US = 1e-6
+# Parameter -> per-step feature whose coefficient (microseconds) it is; pricing.StepPricer._finish.
+TERMS = {
+    "step_overhead_us": lambda log: np.ones_like(log.gpu_s),
+    "per_request_us": lambda log: log.seqs,
+    "sampler_us": lambda log: log.samples,
+}
+METRICS = ("ttft", "tpot")
+
+
+@dataclass(frozen=True)
+class Linearized:
+    """One row's mean TTFT / TPOT (ms) over its measured requests, affine in the host terms."""
+
+    theta0: dict
+    ttft0: float
+    tpot0: float
+    dttft: dict   # ms per microsecond of each term
+    dtpot: dict
+
+    def metrics(self, theta: dict) -> tuple[float, float]:
+        """(mean TTFT ms, mean TPOT ms) with the host terms in `theta` (others at theta0)."""
+        d = {k: theta.get(k, v) - v for k, v in self.theta0.items()}
+        return (self.ttft0 + sum(self.dttft[k] * x for k, x in d.items()),
+                self.tpot0 + sum(self.dtpot[k] * x for k, x in d.items()))
+
+
+def measured_requests(log, concurrency: int, warmup_rounds: int) -> np.ndarray:
+    """Mask of the requests after the warmup: request ids are the clients' send order."""
+    return log.request_id >= warmup_rounds * concurrency
+
+
+def linearize(log, host, measured: np.ndarray) -> Linearized:
+    """Coefficients of one step log (see the module docstring); host: the simulated HostSettings."""
+    if not measured.any():
+        raise KernelsightError("no measured requests after the warmup rounds")
+    step = log.gpu_s + log.host_s
+
+    def window_means(values: np.ndarray) -> tuple[float, float]:
+        cum = np.concatenate([[0.0], np.cumsum(values)])
+        send, first, finish = log.send[measured] + 1, log.first[measured] + 1, log.finish[measured] + 1
+        osl = log.output_len[measured]
+        ttft = cum[first] - cum[send]
+        many = osl > 1
+        tpot = (cum[finish[many]] - cum[first[many]]) / (osl[many] - 1)
+        return float(ttft.mean()), float(tpot.mean()) if many.any() else float("nan")
+
+    ttft0, tpot0 = window_means(step)
+    dttft, dtpot = {}, {}
+    for name, feature in TERMS.items():
+        dttft[name], dtpot[name] = window_means(feature(log) * US)
+    theta0 = {name: float(getattr(host, name)) for name in TERMS}
+    return Linearized(theta0, ttft0 * 1e3, tpot0 * 1e3, {k: v * 1e3 for k, v in dttft.items()},
+                      {k: v * 1e3 for k, v in dtpot.items()})
+
+
+def predict(lins: list[Linearized], theta: dict) -> np.ndarray:
+    """rows x (TTFT ms, TPOT ms)."""
+    return np.asarray([lin.metrics(theta) for lin in lins], dtype=np.float64).reshape(-1, 2)
+
+
+def fit(lins: list[Linearized], measured: np.ndarray, params, metrics=("tpot",)) -> dict:
+    """Least squares on log(predicted / measured) over `params` (>= 0); returns the full theta.
+
+    measured: rows x (TTFT ms, TPOT ms).
+    """
+    from scipy.optimize import least_squares
+
+    params = list(params)
+    unknown = [p for p in params if p not in TERMS]
+    if unknown or not params:
+        raise KernelsightError(f"fit.params: {unknown or params}: choose from {', '.join(TERMS)}")
+    bad = [m for m in metrics if m not in METRICS]
+    if bad or not metrics:
+        raise KernelsightError(f"fit.metrics: {bad or metrics}: choose from {', '.join(METRICS)}")
+    if not lins:
+        raise KernelsightError("no rows to fit the composition parameters on")
+    cols = [METRICS.index(m) for m in metrics]
+    base = dict(lins[0].theta0)
+    target = np.log(np.asarray(measured, dtype=np.float64)[:, cols])
+    # Affine form of every row and metric in the fitted parameters: value = a + B @ x.
+    a = predict(lins, {p: 0.0 for p in params})[:, cols]
+    b = np.stack([predict(lins, {**{q: 0.0 for q in params}, p: 1.0})[:, cols] - a for p in params], axis=-1)
+
+    def residual(x):
+        value = a + b @ x
+        return (np.log(np.maximum(value, 1e-9)) - target).ravel()
+
+    x0 = np.asarray([base[p] for p in params], dtype=np.float64)
+    sol = least_squares(residual, x0=x0, bounds=(0.0, np.inf), x_scale=np.maximum(x0, 1.0))
+    return {**base, **{p: float(v) for p, v in zip(params, sol.x)}}
+
+
+def leave_one_group_out(lins: list[Linearized], measured: np.ndarray, groups: list[str], params,
+                        metrics=("tpot",)) -> tuple[np.ndarray, dict]:
+    """Predictions (rows x (TTFT, TPOT) ms) of each row under parameters fitted without its group,
+    and the fitted theta per held-out group. Needs at least two groups."""
+    groups = np.asarray(groups)
+    names = sorted(set(groups.tolist()))
+    if len(names) < 2:
+        raise KernelsightError(f"leave-one-model-out needs rows of at least two models; got {names}")
+    out = np.full((len(lins), 2), np.nan)
+    thetas = {}
+    for name in names:
+        held = groups == name
+        train = [lin for lin, h in zip(lins, held) if not h]
+        theta = fit(train, np.asarray(measured)[~held], params, metrics)
+        thetas[name] = theta
+        out[held] = predict([lin for lin, h in zip(lins, held) if h], theta)
+    return out, thetas

@@ -1,0 +1,208 @@
+"""End-to-end ground truth: reading a validation CSV and mapping each row to a simulator setup.
+
+A validation CSV has one row per measured serving configuration (the columns of
+data/validation/vllm_dev.csv, aiconfigurator's silicon_sample.csv):
+
+  required  model_path, precision, system, isl, osl, concurrency, tp_size, ttft_ms, tpot_ms
+  optional  id, pp_size (1), attention_dp_size (1), gemm_quant_mode, backend, backend_version, ...
+
+Every required value is checked; a bad row raises ONE KernelsightError line naming
+the file, the row (1-based data row, as a spreadsheet shows it after the header)
+and the column.
+
+Model mapping (`model_for`): an explicit table from conf/validate.yaml
+(`models:` entries of model_path, precision -> conf/model name plus optional
+dtype overrides), then any shipped conf/model whose hf_repo is the model_path
+and whose weight dtype is the precision. `precision` is the dtype the engine
+ran the linear layers in; `kv_dtype` in a mapping entry states the KV-cache
+dtype when it differs from the model file (online `--quantization fp8` of a
+bf16 checkpoint keeps vLLM's default KV dtype, the model's bf16).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from kernelsight.predictor.dtypes import canonical_dtype
+from kernelsight.predictor.errors import KernelsightError, did_you_mean
+from kernelsight.predictor.hardware import resolve_device
+from kernelsight.predictor.paths import data_dir
+from kernelsight.sim.model import ModelConfig, list_models, load_model
+from kernelsight.sim.parallel import ParallelConfig
+
+REQUIRED = ("model_path", "precision", "system", "isl", "osl", "concurrency", "tp_size", "ttft_ms", "tpot_ms")
+INTEGER_COLUMNS = ("isl", "osl", "concurrency", "tp_size")
+MEASURED = ("ttft_ms", "tpot_ms")
+# Concurrency bands of the report: [low, high) client counts.
+BANDS = ((1, 16, "c<16"), (16, 64, "16<=c<64"), (64, 10**9, "c>=64"))
+
+
+def default_csv() -> Path:
+    return data_dir() / "validation" / "vllm_dev.csv"
+
+
+def throughput(concurrency, osl, ttft_ms, tpot_ms):
+    """Output tokens/s of a closed loop at fixed lengths: concurrency * osl / (ttft + (osl - 1) * tpot).
+
+    Each of `concurrency` clients completes a request of osl tokens every ttft + (osl - 1) * tpot;
+    the same formula turns measured and predicted (ttft, tpot) into throughput.
+    """
+    return concurrency * osl / ((ttft_ms + (osl - 1) * tpot_ms) * 1e-3)
+
+
+def concurrency_band(concurrency: int) -> str:
+    return next(label for low, high, label in BANDS if low <= concurrency < high)
+
+
+@dataclass(frozen=True)
+class ValidationRow:
+    """One measured configuration, checked; `line` is its 1-based data row in the file."""
+
+    row_id: str
+    line: int
+    model_path: str
+    precision: str
+    device: str
+    isl: int
+    osl: int
+    concurrency: int
+    tp: int
+    pp: int
+    ttft_ms: float
+    tpot_ms: float
+
+    @property
+    def throughput(self) -> float:
+        return throughput(self.concurrency, self.osl, self.ttft_ms, self.tpot_ms)
+
+    @property
+    def band(self) -> str:
+        return concurrency_band(self.concurrency)
+
+
+def read_rows(path: str | Path) -> list[ValidationRow]:
+    """Checked rows of a validation CSV; any problem is one line with file, row and column."""
+    path = Path(path)
+    if not path.is_file():
+        raise KernelsightError(f"{path}: no such validation CSV")
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, UnicodeDecodeError) as exc:
+        raise KernelsightError(f"{path}: not a readable CSV: {str(exc).splitlines()[0]}") from None
+    except pd.errors.EmptyDataError:
+        raise KernelsightError(f"{path}: empty file (expected a header and rows)") from None
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise KernelsightError(f"{path}: missing column {missing[0]!r}{did_you_mean(missing[0], df.columns)}; "
+                               f"required: {', '.join(REQUIRED)}")
+    if df.empty:
+        raise KernelsightError(f"{path}: no data rows")
+    return [_row(path, i + 1, rec) for i, rec in enumerate(df.to_dict("records"))]
+
+
+def _row(path: Path, line: int, rec: dict) -> ValidationRow:
+    where = f"{path}: row {line}"
+
+    def text(col: str) -> str:
+        value = str(rec.get(col, "")).strip()
+        if not value:
+            raise KernelsightError(f"{where}: column {col!r} is empty")
+        return value
+
+    def number(col: str, integer: bool, default=None) -> float:
+        raw = str(rec.get(col, "")).strip()
+        if not raw and default is not None:
+            return default
+        try:
+            value = float(raw)
+        except ValueError:
+            raise KernelsightError(f"{where}: column {col!r} = {raw!r} is not a number") from None
+        if not math.isfinite(value) or value <= 0:
+            raise KernelsightError(f"{where}: column {col!r} = {raw!r} must be a positive number")
+        if integer and value != int(value):
+            raise KernelsightError(f"{where}: column {col!r} = {raw!r} must be a whole number")
+        return int(value) if integer else value
+
+    try:
+        precision = canonical_dtype(text("precision"))
+    except (KernelsightError, ValueError, KeyError):
+        raise KernelsightError(f"{where}: column 'precision' = {rec['precision']!r} is not a known dtype "
+                               f"(bf16, fp16, fp8)") from None
+    try:
+        device = resolve_device(text("system"))
+    except KernelsightError as exc:
+        raise KernelsightError(f"{where}: column 'system': {exc}") from None
+    values = {c: number(c, True) for c in INTEGER_COLUMNS}
+    pp = number("pp_size", True, default=1)
+    dp = number("attention_dp_size", True, default=1)
+    if dp != 1:
+        raise KernelsightError(f"{where}: column 'attention_dp_size' = {dp}: only one attention-DP rank "
+                               f"per replica is simulated here")
+    row_id = str(rec.get("id", "")).strip() or f"row{line}"
+    return ValidationRow(row_id=row_id, line=line, model_path=text("model_path"), precision=precision,
+                         device=device, isl=values["isl"], osl=values["osl"], concurrency=values["concurrency"],
+                         tp=values["tp_size"], pp=pp, ttft_ms=number("ttft_ms", False),
+                         tpot_ms=number("tpot_ms", False))
+
+
+# -- model and layout ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModelMapping:
+    """One conf/validate.yaml `models:` entry: (model_path, precision) -> model config and dtype overrides."""
+
+    model_path: str
+    precision: str
+    model: str
+    weight_dtype: str | None = None
+    kv_dtype: str | None = None
+
+    @classmethod
+    def from_mapping(cls, raw: dict, where: str) -> "ModelMapping":
+        known = {"model_path", "precision", "model", "weight_dtype", "kv_dtype"}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise KernelsightError(f"{where}: unknown key {unknown[0]!r}{did_you_mean(unknown[0], known)}; "
+                                   f"known: {', '.join(sorted(known))}")
+        for key in ("model_path", "precision", "model"):
+            if not raw.get(key):
+                raise KernelsightError(f"{where}: missing {key!r}")
+        if raw["model"] not in list_models():
+            raise KernelsightError(f"{where}: model {raw['model']!r} is not in conf/model"
+                                   f"{did_you_mean(raw['model'], list_models())}")
+        dtypes = {k: canonical_dtype(raw[k]) for k in ("precision", "weight_dtype", "kv_dtype") if raw.get(k)}
+        return cls(model_path=raw["model_path"], precision=dtypes["precision"], model=raw["model"],
+                   weight_dtype=dtypes.get("weight_dtype"), kv_dtype=dtypes.get("kv_dtype"))
+
+
+def parse_mappings(entries) -> list[ModelMapping]:
+    return [ModelMapping.from_mapping(dict(e), f"validate.models[{i}]") for i, e in enumerate(entries or ())]
+
+
+def model_for(row: ValidationRow, mappings: list[ModelMapping], where: str = "") -> ModelConfig:
+    """The ModelConfig a row runs: the first matching mapping entry, else a shipped model of that
+    hf_repo whose weight dtype is the row's precision."""
+    for m in mappings:
+        if m.model_path == row.model_path and m.precision == row.precision:
+            model = load_model(m.model)
+            changes = {k: v for k, v in (("weight_dtype", m.weight_dtype), ("kv_dtype", m.kv_dtype)) if v}
+            if changes:
+                tag = "-".join(f"{'w' if k == 'weight_dtype' else 'kv'}{v}" for k, v in changes.items())
+                model = ModelConfig(**{**model.as_dict(), **changes, "name": f"{model.name}[{tag}]",
+                                       "moe": model.moe}, source=model.source)
+            return model
+    for name in list_models():
+        model = load_model(name)
+        if model.hf_repo == row.model_path and model.weight_dtype == row.precision:
+            return model
+    raise KernelsightError(f"{where or f'row {row.line}'}: no model config for model_path {row.model_path!r} at "
+                           f"precision {row.precision}; add an entry to validate.models "
+                           f"(model_path, precision, model = a conf/model name)")
+
+
+def parallel_for(row: ValidationRow) -> ParallelConfig:
+    """vLLM's layout of the row: tp_size GPUs of one NVLink domain, pp_size stages, one replica."""
+    return ParallelConfig(name=f"tp{row.tp}" + (f"_pp{row.pp}" if row.pp > 1 else ""), tp=row.tp, pp=row.pp)

@@ -1,0 +1,226 @@
+"""Simulating validation rows: one closed-loop run per row, recorded as a re-priceable step log.
+
+Protocol of a row (the benchmark's, see data/validation/README.md): `concurrency`
+clients, each sending its next request the moment its previous one finished,
+every request exactly `isl` prompt and `osl` output tokens, unique prompts (no
+prefix-cache hits), one replica of tp_size GPUs. Every client sends `rounds`
+requests (RunSettings); the first warmup rounds, which contain the start-up
+burst of all clients sending at t = 0, are excluded from the means, as the
+benchmark's warmup requests are.
+
+Step log. With synchronous scheduling (vLLM 0.11-0.12's default) and a closed
+loop, which requests run in which step does not depend on how long steps take:
+every arrival is a completion event. Step n then ends at
+    T[n] = sum_{i <= n} (gpu_i + host_i),
+and each request's TTFT and TPOT are sums of step times between its send, first
+token and finish steps. The log keeps, per step, the GPU seconds and the inputs
+of the host model (sim/pricing.py: one step, its scheduled sequences, whether it
+samples), and per request those three step indices. `composition.py` re-prices
+the whole run for other host parameters exactly, without simulating again.
+"""
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from kernelsight.predictor.errors import KernelsightError
+from kernelsight.predictor.hardware import load_hardware
+from kernelsight.sim.engine import Engine
+from kernelsight.sim.simulate import build_setup
+from kernelsight.sim.workload import Workload, WorkloadConfig
+
+from .rows import ValidationRow
+
+# Relative tolerance of the step-log identity T[n] = cumsum(gpu + host) against the event loop's times.
+TIME_IDENTITY_RTOL = 1e-9
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How rows are simulated (the measurement protocol) and with which engine profile mapping.
+
+    Each client sends warmup_rounds + measured rounds requests; the metrics are means over the
+    requests after the warmup (aiconfigurator's benchmark: aiperf with 2 x concurrency warmup
+    requests excluded, then 50 x concurrency measured). measured rounds = max(min_rounds,
+    ceil(decode_steps / osl)): enough decode steps for the arrival pattern to settle, at a cost
+    proportional to decode_steps rather than to 50 rounds.
+    """
+
+    warmup_rounds: int
+    min_rounds: int
+    decode_steps: int
+    seed: int
+    engine: dict
+
+    def rounds(self, row: ValidationRow) -> int:
+        return self.warmup_rounds + max(self.min_rounds, -(-self.decode_steps // row.osl))
+
+    def num_requests(self, row: ValidationRow) -> int:
+        return self.rounds(row) * row.concurrency
+
+
+@dataclass(frozen=True)
+class Tier:
+    """An η tier of the validation: the predictor tier and bundle the simulator prices kernels with."""
+
+    name: str
+    predictor_tier: str
+    bundle: str | None
+
+
+@dataclass
+class StepLog:
+    """One simulated row, re-priceable (see the module docstring).
+
+    Per step: gpu_s, host_s (as simulated), seqs (scheduled sequences), samples
+    (1 if the step samples a token): the inputs of the host model. Per request: send, first, finish = index of the step whose end is the
+    request's send time (-1 for t = 0), first token and last token; output_len;
+    request_id (the clients' send order).
+    """
+
+    gpu_s: np.ndarray
+    host_s: np.ndarray
+    seqs: np.ndarray
+    samples: np.ndarray
+    send: np.ndarray
+    first: np.ndarray
+    finish: np.ndarray
+    output_len: np.ndarray
+    request_id: np.ndarray
+    summary: dict
+    kv_blocks: int
+    wall_s: float
+    warnings: tuple = ()
+
+
+class _Recorder:
+    """Engine recorder that keeps the step log's columns (the Engine calls step() and request())."""
+    # Request ids of a synthetic stream are its send order (closed loop: clients send in stream order).
+
+    def __init__(self):
+        self.steps: list[tuple] = []
+        self.requests: list[tuple] = []
+
+    def step(self, replica, step, t_schedule, t_launch, t_end, gpu_s, host_s) -> None:
+        b = step.batch
+        self.steps.append((t_end, gpu_s, host_s, b.num_seqs, b.num_sampled > 0))
+
+    def request(self, req, latencies) -> None:
+        self.requests.append((req.arrival_time, req.first_token_time, req.finish_time, req.output_len,
+                              req.request_id))
+
+
+def _workload(row: ValidationRow) -> dict:
+    """The benchmark's closed loop: all clients at once, fixed lengths, unique prompts."""
+    return {"name": "closed_loop", "arrival": "poisson", "request_rate": float("inf"),
+            "max_concurrency": row.concurrency,
+            "input": {"dist": "fixed", "value": row.isl}, "output": {"dist": "fixed", "value": row.osl}}
+
+
+def _config(row: ValidationRow, model, tier: Tier, settings: RunSettings):
+    """The composed-config form of one row, for sim.simulate.build_setup."""
+    return OmegaConf.create({
+        "model": model.as_dict(),
+        "hardware": load_hardware(row.device).as_dict(),
+        "engine": settings.engine,
+        "parallel": {"name": f"tp{row.tp}", "tp": row.tp, "pp": row.pp},
+        "workload": _workload(row),
+        "predictor": {"tier": tier.predictor_tier, "bundle": tier.bundle},
+        "max_model_len": None,
+    })
+
+
+# Per process: (row layout, model, tier, engine) -> Setup, so pricer tables are built once per layout;
+# the workload (concurrency, lengths) differs per row and is built for each run.
+_SETUPS: dict = {}
+
+
+def simulate_row(row: ValidationRow, model, tier: Tier, settings: RunSettings,
+                 num_requests: int | None = None) -> StepLog:
+    """Simulate one row and return its step log (the predictor's warnings travel in log.warnings,
+    for the caller to report once per tier)."""
+    key = (row.device, row.tp, row.pp, model, tier, repr(settings.engine))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        setup = _SETUPS.get(key)
+        if setup is None:
+            setup = _SETUPS[key] = build_setup(_config(row, model, tier, settings))
+        if setup.engine.host.async_scheduling:
+            raise KernelsightError("validation needs engine.host.async_scheduling=false: the step log of a "
+                                   "synchronous engine is what makes the composition fit exact")
+        n = num_requests or settings.num_requests(row)
+        recorder = _Recorder()
+        workload = Workload(WorkloadConfig.from_config(_workload(row)))
+        engine = Engine(setup.replicas(), max_model_len=setup.max_model_len,
+                        max_concurrency=row.concurrency, recorder=recorder)
+        start = time.perf_counter()
+        summary = engine.run(workload.requests(n, settings.seed))
+        wall = time.perf_counter() - start
+    if summary["failed"]:
+        raise KernelsightError(f"row {row.line} ({row.row_id}): {summary['failed']} requests of isl {row.isl} + "
+                               f"osl {row.osl} do not fit the simulated KV cache ({setup.num_blocks} blocks)")
+    log = _step_log(recorder, summary, setup.num_blocks, wall, row)
+    log.warnings = tuple(dict.fromkeys(str(w.message).splitlines()[0] for w in caught))
+    return log
+
+
+def _step_log(rec: _Recorder, summary: dict, kv_blocks: int, wall: float, row: ValidationRow) -> StepLog:
+    steps = np.asarray(rec.steps, dtype=np.float64).reshape(-1, 5)
+    t_end, gpu, host = steps[:, 0], steps[:, 1], steps[:, 2]
+    expected = np.cumsum(gpu + host)
+    if not np.allclose(t_end, expected, rtol=TIME_IDENTITY_RTOL, atol=1e-12):
+        bad = int(np.argmax(~np.isclose(t_end, expected, rtol=TIME_IDENTITY_RTOL, atol=1e-12)))
+        raise KernelsightError(f"row {row.line} ({row.row_id}): step {bad} ends at {t_end[bad]:.6f} s, not at the "
+                               f"sum of the step times before it ({expected[bad]:.6f} s): the engine idled, so "
+                               f"the step log cannot re-price this run")
+    reqs = np.asarray(rec.requests, dtype=np.float64).reshape(-1, 5)
+
+    def index(times: np.ndarray, allow_zero: bool) -> np.ndarray:
+        idx = np.searchsorted(t_end, times, side="left")
+        zero = times == 0.0
+        idx = np.where(zero & allow_zero, -1, idx)
+        found = np.where(idx >= 0, t_end[np.clip(idx, 0, len(t_end) - 1)], 0.0)
+        if not np.allclose(found, times, rtol=TIME_IDENTITY_RTOL, atol=1e-12):
+            raise KernelsightError(f"row {row.line} ({row.row_id}): a request event falls between step ends; "
+                                   f"the step log cannot re-price this run")
+        return idx.astype(np.int64)
+
+    return StepLog(gpu_s=gpu, host_s=host, seqs=steps[:, 3], samples=steps[:, 4], send=index(reqs[:, 0], True), first=index(reqs[:, 1], False),
+                   finish=index(reqs[:, 2], False), output_len=reqs[:, 3], request_id=reqs[:, 4].astype(np.int64),
+                   summary=summary, kv_blocks=kv_blocks, wall_s=wall)
+
+
+def simulate_rows(jobs: list[tuple], processes: int) -> list[StepLog]:
+    """simulate_row over (row, model, tier, settings) tuples, in `processes` worker processes.
+
+    Jobs are sorted so that one worker gets the rows of one layout in sequence (its pricer tables
+    are built once); results come back in the order of `jobs`.
+    """
+    order = sorted(range(len(jobs)), key=lambda i: (jobs[i][2].name, jobs[i][0].model_path, jobs[i][0].precision,
+                                                    jobs[i][0].tp, -jobs[i][0].osl * jobs[i][0].concurrency))
+    processes = max(1, min(processes, len(jobs), os.cpu_count() or 1))
+    if processes == 1:
+        results = {i: simulate_row(*jobs[i]) for i in order}
+    else:
+        import multiprocessing as mp
+
+        with mp.get_context("fork").Pool(processes) as pool:
+            done = pool.starmap(simulate_row, [jobs[i] for i in order], chunksize=1)
+        results = dict(zip(order, done))
+    return [results[i] for i in range(len(jobs))]
+
+
+def first_token_group(log: StepLog, measured: np.ndarray) -> float:
+    """Mean number of measured requests that get their first token in the same step as a given one:
+    how many prompts a closed loop prefills together (1 = perfectly staggered arrivals)."""
+    first = log.first[measured]
+    if not len(first):
+        return float("nan")
+    _, inverse, counts = np.unique(first, return_inverse=True, return_counts=True)
+    return float(counts[inverse].mean())
+

@@ -1,0 +1,321 @@
+"""`kernelsight validate`: CSV checks, model mapping, the step-log composition model and its fit,
+leave-one-model-out, the custom all-reduce flavour, fp8 pricing, the report and the README block."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from kernelsight.predictor import cli
+from kernelsight.predictor.errors import KernelsightError
+from kernelsight.predictor.hardware import load_hardware
+from kernelsight.predictor.paths import conf_dir
+from kernelsight.predictor.predict import Predictor
+from kernelsight.predictor.roofline import roofline_columns
+from kernelsight.sim.batch import StepBatch
+from kernelsight.sim.engine_profile import load_engine
+from kernelsight.sim.graph import token_kernels
+from kernelsight.sim.memory import kv_cache_blocks
+from kernelsight.sim.model import load_model
+from kernelsight.sim.parallel import ParallelConfig
+from kernelsight.sim.pricing import StepPricer
+from kernelsight.sim.validate import composition as comp
+from kernelsight.sim.validate import report as rep
+from kernelsight.sim.validate.allreduce import fit_custom_allreduce
+from kernelsight.sim.validate.rows import (ValidationRow, default_csv, model_for, parse_mappings, read_rows,
+                                           throughput)
+from kernelsight.sim.validate.run import RunSettings, Tier, simulate_row
+
+HEADER = "id,model_path,precision,system,isl,osl,concurrency,tp_size,ttft_ms,tpot_ms"
+GOOD = "a,Qwen/Qwen3-32B,bf16,h100_sxm,1024,128,8.0,2.0,154.2,18.0"
+MAPPINGS = [{"model_path": "Qwen/Qwen3-32B", "precision": "bf16", "model": "qwen3-32b"},
+            {"model_path": "Qwen/Qwen3-32B", "precision": "fp8", "model": "qwen3-32b", "weight_dtype": "fp8",
+             "kv_dtype": "fp8"},
+            {"model_path": "meta-llama/Llama-3.1-70B", "precision": "fp8", "model": "llama3.1-70b-fp8",
+             "kv_dtype": "bf16"}]
+
+
+def write_csv(tmp_path, *lines, header=HEADER):
+    path = tmp_path / "runs.csv"
+    path.write_text("\n".join([header, *lines]) + "\n")
+    return path
+
+
+def one_line_error(call, *args) -> str:
+    with pytest.raises(KernelsightError) as e:
+        call(*args)
+    message = str(e.value)
+    assert "\n" not in message
+    return message
+
+
+# -- CSV --------------------------------------------------------------------------------------
+
+def test_shipped_csv_reads_every_row_with_types():
+    rows = read_rows(default_csv())
+    assert len(rows) == 138
+    first = rows[0]
+    assert (first.line, first.device, first.tp, first.concurrency, first.isl, first.osl) == (1, "h100_sxm", 2, 8, 1024,
+                                                                                             128)
+    assert first.precision == "bf16" and first.ttft_ms == pytest.approx(154.2481599)
+    assert {r.model_path for r in rows} == {"Qwen/Qwen3-32B", "meta-llama/Llama-3.1-70B"}
+    assert {r.band for r in rows} == {"c<16", "16<=c<64", "c>=64"}
+
+
+@pytest.mark.parametrize("line, column", [
+    ("a,Qwen/Qwen3-32B,bf16,h100_sxm,1024,128,eight,2,154.2,18.0", "concurrency"),
+    ("a,Qwen/Qwen3-32B,bf16,h100_sxm,1024,128,8.5,2,154.2,18.0", "concurrency"),
+    ("a,Qwen/Qwen3-32B,bf16,h100_sxm,1024,128,8,2,-1,18.0", "ttft_ms"),
+    ("a,Qwen/Qwen3-32B,bf16,h100_sxm,1024,128,8,2,154.2,", "tpot_ms"),
+    ("a,Qwen/Qwen3-32B,int3,h100_sxm,1024,128,8,2,154.2,18.0", "precision"),
+    ("a,Qwen/Qwen3-32B,bf16,h100_sxmm,1024,128,8,2,154.2,18.0", "system"),
+])
+def test_bad_row_is_one_line_with_file_row_and_column(tmp_path, line, column):
+    path = write_csv(tmp_path, GOOD, line)
+    message = one_line_error(read_rows, path)
+    assert str(path) in message and "row 2" in message and f"'{column}'" in message
+
+
+def test_bad_files_are_one_line(tmp_path):
+    assert "missing column 'tpot_ms'" in one_line_error(
+        read_rows, write_csv(tmp_path, GOOD.rsplit(",", 1)[0], header=HEADER.rsplit(",", 1)[0]))
+    assert "no data rows" in one_line_error(read_rows, write_csv(tmp_path))
+    assert "no such validation CSV" in one_line_error(read_rows, tmp_path / "absent.csv")
+    dp = write_csv(tmp_path, GOOD + ",2", header=HEADER + ",attention_dp_size")
+    assert "attention_dp_size" in one_line_error(read_rows, dp)
+
+
+def test_throughput_formula():
+    # 8 clients, each finishing 128 tokens every 154.248 + 127 x 18.037 = 2444.953 ms
+    assert throughput(8, 128, 154.2481599, 18.0370482875) == pytest.approx(1024 / 2.444953292, rel=1e-8)
+    row = read_rows(default_csv())[0]
+    e2e_s = (row.ttft_ms + (row.osl - 1) * row.tpot_ms) / 1e3
+    assert row.throughput == pytest.approx(row.concurrency * row.osl / e2e_s)
+
+
+# -- model mapping ----------------------------------------------------------------------------
+
+def test_model_mapping_and_dtype_overrides():
+    rows = {(r.model_path, r.precision): r for r in read_rows(default_csv())}
+    maps = parse_mappings(MAPPINGS)
+    qwen = model_for(rows[("Qwen/Qwen3-32B", "bf16")], maps)
+    assert qwen == load_model("qwen3-32b")
+    qwen8 = model_for(rows[("Qwen/Qwen3-32B", "fp8")], maps)
+    assert (qwen8.weight_dtype, qwen8.kv_dtype, qwen8.hidden, qwen8.layers) == ("fp8", "fp8", 5120, 64)
+    llama = model_for(rows[("meta-llama/Llama-3.1-70B", "fp8")], maps)
+    assert (llama.weight_dtype, llama.kv_dtype, llama.layers) == ("fp8", "bf16", 80)
+    assert llama.name == "llama3.1-70b-fp8[kvbf16]"
+
+
+def test_unmapped_model_falls_back_to_hf_repo_or_fails_in_one_line():
+    row = ValidationRow("x", 7, "nvidia/Llama-3.1-70B-Instruct-FP8", "fp8", "h100_sxm", 8, 8, 1, 1, 1, 1.0, 1.0)
+    assert model_for(row, []).name == "llama3.1-70b-fp8"
+    unknown = dataclasses.replace(row, model_path="acme/unknown-7b")
+    message = one_line_error(model_for, unknown, [], "runs.csv: row 7")
+    assert "runs.csv: row 7" in message and "validate.models" in message
+    assert "not in conf/model" in one_line_error(parse_mappings, [{"model_path": "a", "precision": "bf16",
+                                                                  "model": "nope"}])
+
+
+# -- step log and composition -------------------------------------------------------------------
+
+def small_row(**kw) -> ValidationRow:
+    base = dict(row_id="t", line=1, model_path="meta-llama/Llama-3.1-8B", precision="bf16", device="h100_sxm",
+                isl=300, osl=24, concurrency=6, tp=1, pp=1, ttft_ms=50.0, tpot_ms=8.0)
+    return ValidationRow(**{**base, **kw})
+
+
+def engine_map(**host) -> dict:
+    """The shipped engine profile as a mapping, with host terms replaced."""
+    engine = OmegaConf.to_container(OmegaConf.load(conf_dir() / "engine" / "vllm_v1.yaml"))
+    engine["host"].update(host)
+    return engine
+
+
+ROOFLINE = Tier("roofline", "roofline", None)
+
+
+def test_step_log_reproduces_the_engine_metrics_and_reprices_exactly():
+    row, model = small_row(), load_model("llama3.1-8b")
+    settings = RunSettings(0, 1, 1, 0, engine_map())
+    log = simulate_row(row, model, ROOFLINE, settings, num_requests=30)
+    host = load_engine("vllm_v1").host
+    everyone = comp.measured_requests(log, row.concurrency, 0)
+    lin = comp.linearize(log, host, everyone)
+    assert lin.ttft0 == pytest.approx(log.summary["mean_ttft_ms"], rel=1e-9)
+    assert lin.tpot0 == pytest.approx(log.summary["mean_tpot_ms"], rel=1e-9)
+    # Other host terms: the affine re-pricing equals simulating again with them.
+    theta = {"step_overhead_us": 2500.0, "per_request_us": 40.0, "sampler_us": 0.0}
+    again = simulate_row(row, model, ROOFLINE, dataclasses.replace(settings, engine=engine_map(**theta)),
+                         num_requests=30)
+    ttft, tpot = lin.metrics(theta)
+    assert ttft == pytest.approx(again.summary["mean_ttft_ms"], rel=1e-9)
+    assert tpot == pytest.approx(again.summary["mean_tpot_ms"], rel=1e-9)
+    assert ttft > lin.ttft0 and tpot > lin.tpot0
+
+
+def test_warmup_rounds_are_excluded_by_send_order():
+    row = small_row()
+    log = simulate_row(row, load_model("llama3.1-8b"), ROOFLINE, RunSettings(2, 1, 1, 0, engine_map()))
+    assert len(log.request_id) == 3 * row.concurrency
+    mask = comp.measured_requests(log, row.concurrency, 2)
+    assert mask.sum() == row.concurrency and set(log.request_id[mask]) == set(range(12, 18))
+
+
+def synthetic(rng, n, theta):
+    """Rows with random affine coefficients and measurements made by `theta`."""
+    lins = []
+    for _ in range(n):
+        d = {k: rng.uniform(0.001, 0.05) for k in comp.TERMS}
+        lins.append(comp.Linearized({k: 100.0 for k in comp.TERMS}, rng.uniform(50, 500), rng.uniform(5, 50),
+                                    d, {k: v / 10 for k, v in d.items()}))
+    return lins, comp.predict(lins, theta)
+
+
+def test_fit_recovers_known_parameters():
+    rng = np.random.default_rng(3)
+    truth = {"step_overhead_us": 730.0, "per_request_us": 12.5, "sampler_us": 100.0}
+    lins, measured = synthetic(rng, 40, truth)
+    fitted = comp.fit(lins, measured, ["step_overhead_us", "per_request_us"], ["ttft", "tpot"])
+    assert fitted["step_overhead_us"] == pytest.approx(730.0, rel=1e-5)
+    assert fitted["per_request_us"] == pytest.approx(12.5, rel=1e-4)
+    assert fitted["sampler_us"] == 100.0  # not fitted: the profile's value
+    with pytest.raises(KernelsightError, match="choose from"):
+        comp.fit(lins, measured, ["gpu_speed"])
+
+
+def test_leave_one_model_out_never_trains_on_the_held_out_model():
+    rng = np.random.default_rng(5)
+    theta_a = {"step_overhead_us": 200.0, "per_request_us": 3.0, "sampler_us": 100.0}
+    theta_b = {"step_overhead_us": 1500.0, "per_request_us": 30.0, "sampler_us": 100.0}
+    lins_a, meas_a = synthetic(rng, 12, theta_a)
+    lins_b, meas_b = synthetic(rng, 9, theta_b)
+    lins, measured = lins_a + lins_b, np.vstack([meas_a, meas_b])
+    groups = ["A"] * 12 + ["B"] * 9
+    params = ["step_overhead_us", "per_request_us"]
+    pred, thetas = comp.leave_one_group_out(lins, measured, groups, params, ["ttft", "tpot"])
+    # B is predicted with A's parameters only, and A with B's: each held-out error is the other's gap.
+    assert thetas["B"]["step_overhead_us"] == pytest.approx(200.0, rel=1e-4)
+    assert thetas["A"]["per_request_us"] == pytest.approx(30.0, rel=1e-4)
+    np.testing.assert_allclose(pred[12:], comp.predict(lins_b, theta_a), rtol=1e-5)
+    assert not np.allclose(pred[12:], meas_b, rtol=1e-2)
+    with pytest.raises(KernelsightError, match="two models"):
+        comp.leave_one_group_out(lins_a, meas_a, ["A"] * 12, params)
+
+
+# -- composition terms in the pricer -----------------------------------------------------------
+
+def test_custom_allreduce_below_the_size_limit_nccl_above():
+    hw, engine = load_hardware("h100_sxm"), load_engine("vllm_v1")
+    model = load_model("llama3.1-8b")
+    pricer = StepPricer(model, hw, engine, ParallelConfig("tp8", tp=8), Predictor(hw, tier="roofline"))
+    ar = engine.allreduce
+    limit = ar.custom_max_bytes(8)
+    assert limit == 0.25 * 2**20
+    cols = {"msg_bytes": np.array([4096.0, limit - 16, limit, 8 * limit]), "world_size": np.array([8] * 4),
+            "link": np.array(["nvlink"] * 4, dtype=object), "dtype": np.array(["bf16"] * 4, dtype=object)}
+    nccl = Predictor(hw, tier="roofline").latency("allreduce", cols)
+    got = pricer._allreduce_flavour(cols, nccl)
+    bus = cols["msg_bytes"] * 2 * 7 / 8
+    custom = ar.custom_alpha_us * 1e-6 + bus / (ar.custom_bus_efficiency * hw.link_bw("nvlink"))
+    np.testing.assert_allclose(got[:2], custom[:2])
+    np.testing.assert_allclose(got[2:], nccl[2:])
+    off = dataclasses.replace(engine, allreduce=dataclasses.replace(ar, custom=False))
+    assert off.allreduce.custom_max_bytes(8) == 0.0
+
+
+def test_custom_allreduce_fit_recovers_a_synthetic_kernel_and_reports_held_out_gpus():
+    rng = np.random.default_rng(0)
+    rows = []
+    for device, bw in (("a", 300e9), ("b", 450e9), ("c", 900e9)):
+        for bus in np.geomspace(256, 64 * 2**20, 19):
+            rows.append({"device": device, "world_size": 8, "bus_bytes": bus, "link_bw": bw,
+                         "seconds": (5.5e-6 + bus / (0.6 * bw)) * rng.uniform(0.999, 1.001)})
+    fit = fit_custom_allreduce(pd.DataFrame(rows), exclude=("b",))
+    assert fit.alpha_us == pytest.approx(5.5, rel=0.01) and fit.bus_efficiency == pytest.approx(0.6, rel=0.01)
+    assert fit.train_devices == ("a", "c")
+    assert fit.errors.set_index("device").loc["b", "held_out"]
+
+
+def test_fp8_weights_and_kv_cache_are_priced_as_fp8():
+    hw, engine = load_hardware("h100_sxm"), load_engine("vllm_v1")
+    fp8 = load_model("llama3.1-70b-fp8")
+    bf16 = dataclasses.replace(fp8, weight_dtype="bf16", kv_dtype="bf16", name="bf16")
+    par = ParallelConfig("tp4", tp=4)
+    gemms = {m.name: [c for c in token_kernels(m, par, engine, 4096) if c.name == "gate_up_proj"][0]
+             for m in (fp8, bf16)}
+    assert gemms[fp8.name].cols["dtype"] == "fp8"
+    roof = {name: roofline_columns("gemm", call.columns(), hw) for name, call in gemms.items()}
+    # compute bound at 4096 tokens: fp8 runs at the fp8 peak, twice bf16's on H100
+    ratio = hw.peak_flops("fp8") / hw.peak_flops("bf16")
+    assert ratio == pytest.approx(2.0, rel=1e-3)
+    assert roof["bf16"]["t_compute"][0] / roof[fp8.name]["t_compute"][0] == pytest.approx(ratio, rel=1e-9)
+    small = {m.name: [c for c in token_kernels(m, par, engine, 8) if c.name == "gate_up_proj"][0]
+             for m in (fp8, bf16)}
+    weights = {n: roofline_columns("gemm", c.columns(), hw)["bytes"][0] for n, c in small.items()}
+    assert weights["bf16"] / weights[fp8.name] == pytest.approx(2.0, rel=0.01)  # 1-byte weights
+    # fp8 KV cache: half the decode-attention bytes and twice the KV blocks
+    pred = Predictor(hw, tier="roofline")
+    batch = StepBatch(decode_ctx=(4096,) * 32)
+    attn = {m.name: [k for k in StepPricer(m, hw, engine, par, pred).kernels(batch) if k.call.family == "attn_decode"][0]
+            for m in (fp8, bf16)}
+    assert attn["bf16"].seconds / attn[fp8.name].seconds == pytest.approx(2.0, rel=0.05)
+    fp8_weights_bf16_kv = dataclasses.replace(fp8, kv_dtype="bf16")
+    assert kv_cache_blocks(fp8, hw, engine, par) == pytest.approx(2 * kv_cache_blocks(fp8_weights_bf16_kv, hw, engine,
+                                                                                       par), abs=2)
+
+
+# -- report and README ----------------------------------------------------------------------------
+
+def test_readme_block_rewrite_is_idempotent_and_keeps_the_rest(tmp_path):
+    head = pd.DataFrame([{"tier": "target", "kind": "heldout", "rows": 3, "ttft": 11.0, "tpot": 5.0,
+                          "throughput": 2.5},
+                         {"tier": "cross", "kind": "heldout", "rows": 3, "ttft": 14.0, "tpot": 9.0,
+                          "throughput": 4.0}])
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# kernelsight\n\nintro\n\n{rep.README_START}\nold\n{rep.README_END}\n\n## more\ntext\n")
+    block = rep.readme_block(head)
+    assert rep.rewrite_readme(readme, block)
+    once = readme.read_text()
+    assert not rep.rewrite_readme(readme, rep.readme_block(head))
+    assert readme.read_text() == once
+    assert once.startswith("# kernelsight\n\nintro\n\n") and once.endswith("\n\n## more\ntext\n")
+    assert "| 5.0 | 11.0 | 2.5 | 6.2 / 14.3 / 2.7 |" in once and "old" not in once
+    (tmp_path / "plain.md").write_text("no markers\n")
+    assert "markers" in one_line_error(rep.rewrite_readme, tmp_path / "plain.md", block)
+
+
+def test_validate_command_end_to_end_on_two_rows(capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(cli.COMMANDS, "validate", cli.Command("kernelsight.sim.validate.commands:validate",
+                                                              "end-to-end validation", positional="csv"))
+    table, report = tmp_path / "rows.json", tmp_path / "validation.md"
+    readme = tmp_path / "README.md"
+    readme.write_text(f"x\n{rep.README_START}\n{rep.README_END}\n")
+    cli.main(["validate", str(default_csv()), "rows=[1,116]", "tiers.cross=null", "tiers.target.predictor_tier=roofline",
+              "protocol.num_requests=24", "jobs=1", f"table={table}", f"report={report}", f"readme={readme}"])
+    out = capsys.readouterr().out
+    df = pd.read_json(table)
+    assert list(df["line"]) == [1, 116] and set(df["tier"]) == {"target"}
+    assert (df["measured_requests"] == [8, 16]).all()
+    for col in ("ttft_simulated", "tpot_simulated", "throughput_simulated", "ttft_heldout", "err_tpot_heldout"):
+        assert np.isfinite(df[col]).all()
+    assert df["err_ttft_simulated"].iloc[0] == pytest.approx(100 * (df["ttft_simulated"].iloc[0] / 154.2481599 - 1))
+    text = report.read_text()
+    assert "## Headline" in text and "Held-out errors per model and TP" in text
+    assert (tmp_path / "validation_parity_target.png").stat().st_size > 10_000
+    assert "target (η with H100 kernel data)" in readme.read_text()
+    assert "report:" in out
+
+
+def test_validate_command_bad_csv_row_is_one_line(capsys, monkeypatch, tmp_path):
+    monkeypatch.setitem(cli.COMMANDS, "validate", cli.Command("kernelsight.sim.validate.commands:validate",
+                                                              "end-to-end validation", positional="csv"))
+    path = write_csv(tmp_path, GOOD, "b,Qwen/Qwen3-32B,bf16,h100_sxm,1024,128,0,2,154.2,18.0")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["validate", str(path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "row 2" in err and "'concurrency'" in err
