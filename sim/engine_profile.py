@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from kernelsight.predictor.errors import KernelsightError, did_you_mean
-from kernelsight.predictor.paths import conf_dir
+from kernelsight.predictor.errors import KernelsightError
 
-from .schema import Spec, check, plain, read_yaml
+from .schema import Spec, check, load_config
 
 GRAPH_MODES = ("full_and_piecewise", "full_decode_only", "piecewise")
 
@@ -175,22 +174,6 @@ _FIELDS = {
 }
 
 
-def engine_dir() -> Path:
-    return conf_dir() / "engine"
-
-
 def load_engine(name_or_mapping: str | Path | Mapping) -> EngineProfile:
     """An engine profile by shipped name (conf/engine/<name>.yaml), .yaml path, or composed mapping."""
-    if isinstance(name_or_mapping, EngineProfile):
-        return name_or_mapping
-    if not isinstance(name_or_mapping, (str, Path)):
-        return EngineProfile.from_mapping(plain(name_or_mapping), "engine config")
-    path = Path(name_or_mapping)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        return EngineProfile.from_mapping(read_yaml(path, "engine"), str(path))
-    candidate = engine_dir() / f"{name_or_mapping}.yaml"
-    if candidate.is_file():
-        return EngineProfile.from_mapping(read_yaml(candidate, "engine"), f"conf/engine/{name_or_mapping}.yaml")
-    known = sorted(p.stem for p in engine_dir().glob("*.yaml"))
-    raise KernelsightError(f"unknown engine profile {str(name_or_mapping)!r}{did_you_mean(str(name_or_mapping), known)}; "
-                           f"available: {', '.join(known)}")
+    return load_config(EngineProfile, "engine", "engine profile", name_or_mapping)

@@ -236,27 +236,15 @@ def list_models() -> list[str]:
 def load_model(name_or_path: str | Path | Mapping) -> ModelConfig:
     """A model by shipped name (conf/model/<name>.yaml), a .yaml path, a config.json path or a directory
     holding one, or an already-composed mapping (Hydra's `cfg.model`)."""
-    from .schema import plain, read_yaml
+    from .schema import load_config
 
-    if isinstance(name_or_path, ModelConfig):
-        return name_or_path
-    if not isinstance(name_or_path, (str, Path)):
-        return ModelConfig.from_mapping(plain(name_or_path), "model config")
-    path = Path(name_or_path)
-    if path.is_dir() and (path / "config.json").is_file():
-        path = path / "config.json"
-    if path.suffix == ".json" and path.is_file():
-        return load_hf_config(path)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        return ModelConfig.from_mapping(read_yaml(path, "model"), str(path))
-    name = str(name_or_path)
-    candidate = model_dir() / f"{name}.yaml"
-    if candidate.is_file():
-        return ModelConfig.from_mapping(read_yaml(candidate, "model"), f"conf/model/{name}.yaml")
-    known = list_models()
-    raise KernelsightError(f"unknown model {name!r}{did_you_mean(name, known)}: not a file and not in conf/model; "
-                           f"available: {', '.join(known)}")
-
+    if isinstance(name_or_path, (str, Path)):
+        path = Path(name_or_path)
+        if path.is_dir() and (path / "config.json").is_file():
+            path = path / "config.json"
+        if path.suffix == ".json" and path.is_file():
+            return load_hf_config(path)
+    return load_config(ModelConfig, "model", "model", name_or_path)
 
 def load_hf_config(path: str | Path) -> ModelConfig:
     """ModelConfig from a Hugging Face config.json (and a ModelOpt hf_quant_config.json beside it)."""

@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from kernelsight.predictor.dtypes import dtype_bytes
-from kernelsight.predictor.errors import KernelsightError, did_you_mean
+from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.families.collectives import LINKS
-from kernelsight.predictor.paths import conf_dir
 
 from .model import ModelConfig
-from .schema import Spec, check, plain, read_yaml
+from .schema import Spec, check, load_config
 
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE for VocabParallelEmbedding / ParallelLMHead
 
@@ -74,21 +73,7 @@ _FIELDS = {
 
 def load_parallel(name_or_mapping: str | Path | Mapping) -> ParallelConfig:
     """A layout by shipped name (conf/parallel/<name>.yaml), .yaml path, or composed mapping."""
-    if isinstance(name_or_mapping, ParallelConfig):
-        return name_or_mapping
-    if not isinstance(name_or_mapping, (str, Path)):
-        return ParallelConfig.from_mapping(plain(name_or_mapping), "parallel config")
-    path = Path(name_or_mapping)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        return ParallelConfig.from_mapping(read_yaml(path, "parallel"), str(path))
-    directory = conf_dir() / "parallel"
-    candidate = directory / f"{name_or_mapping}.yaml"
-    if candidate.is_file():
-        return ParallelConfig.from_mapping(read_yaml(candidate, "parallel"), f"conf/parallel/{name_or_mapping}.yaml")
-    known = sorted(p.stem for p in directory.glob("*.yaml"))
-    raise KernelsightError(f"unknown parallel layout {str(name_or_mapping)!r}"
-                           f"{did_you_mean(str(name_or_mapping), known)}; available: {', '.join(known)}")
-
+    return load_config(ParallelConfig, "parallel", "parallel layout", name_or_mapping)
 
 @dataclass(frozen=True)
 class Shard:

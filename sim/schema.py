@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
 from kernelsight.predictor.errors import KernelsightError, did_you_mean
-from kernelsight.predictor.paths import read_yaml  # noqa: F401 (the loaders import it from here)
+from kernelsight.predictor.paths import conf_dir, read_yaml
 
 _MISSING = object()
 
@@ -117,3 +118,23 @@ def _value(value: Any, spec: Spec, source: str, full: str) -> Any:
     if kind in ("section", "optional_section"):
         return check(value, spec.fields, source, prefix=full + ".")
     raise ValueError(f"unknown spec kind {kind!r}")  # a bug in a field table, not user input
+
+
+def load_config(cls, group: str, what: str, name_or_mapping):
+    """A typed config (cls.from_mapping) by shipped name (conf/<group>/<name>.yaml), a .yaml path,
+    or an already-composed mapping (Hydra's cfg.<group>); an unknown name suggests the closest."""
+    if isinstance(name_or_mapping, cls):
+        return name_or_mapping
+    if not isinstance(name_or_mapping, (str, Path)):
+        return cls.from_mapping(plain(name_or_mapping), f"{group} config")
+    path = Path(name_or_mapping)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return cls.from_mapping(read_yaml(path, group), str(path))
+    name = str(name_or_mapping)
+    directory = conf_dir() / group
+    candidate = directory / f"{name}.yaml"
+    if candidate.is_file():
+        return cls.from_mapping(read_yaml(candidate, group), f"conf/{group}/{name}.yaml")
+    known = sorted(p.stem for p in directory.glob("*.yaml"))
+    raise KernelsightError(f"unknown {what} {name!r}{did_you_mean(name, known)}: not a file and not in "
+                           f"conf/{group}; available: {', '.join(known)}")
