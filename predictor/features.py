@@ -185,6 +185,11 @@ def _pow2_alignment(x, cap: int = 256) -> np.ndarray:
     return np.log2(np.minimum(x & -x, cap).astype(np.float64))
 
 
+def _split_k_depth(x: FeatureInput) -> np.ndarray:
+    """log2 of blocks launched per output tile: the split-K depth the roofline assumed on this GPU."""
+    return _log2(x.roof["blocks"] / np.maximum(x.family.cost(x.arrays).blocks, 1))
+
+
 FAMILY_FEATURES = {
     "gemm": (
         Feature("m_tile_fill", f"m over m rounded up to the {gemm.TILE}-row tile",
@@ -193,10 +198,13 @@ FAMILY_FEATURES = {
                 lambda x: _fill(x.arrays["n"], gemm.TILE)),
         Feature("log2_k_alignment", "log2 of the largest power of two dividing k (<= 256)",
                 lambda x: _pow2_alignment(x.arrays["k"])),
+        Feature("log2_split_k", "log2 of thread blocks launched per output tile (split-K depth)", _split_k_depth),
     ),
     "attn_prefill": (
         Feature("q_tile_fill", f"seq_q over seq_q rounded up to the {attention.Q_TILE}-row query tile",
                 lambda x: _fill(x.arrays["seq_q"], attention.Q_TILE)),
+        Feature("log2_gqa_group", "log2 of query heads per KV head (GQA group size)",
+                lambda x: _log2(x.arrays["heads"] / x.arrays["kv_heads"])),
     ),
     "attn_decode": (
         Feature("kv_split_fill", f"seq_kv over seq_kv rounded up to the {attention.KV_SPLIT}-token KV split",

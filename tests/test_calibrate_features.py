@@ -33,6 +33,7 @@ def test_gemm_decode_shape_on_h100_by_hand():
     assert f["log2_bytes_rel_l2"] == pytest.approx(math.log2(bytes_ / (50 * 2**20)))
     assert f["m_tile_fill"] == pytest.approx(1 / 128) and f["n_tile_fill"] == 1.0
     assert f["log2_k_alignment"] == 8  # capped at 256
+    assert f["log2_split_k"] == 2  # 4 K slices per output tile
     t_memory_us = bytes_ / 3350e9 * 1e6
     assert f["log2_t_roof_us"] == pytest.approx(math.log2(t_memory_us))
 
@@ -40,6 +41,14 @@ def test_gemm_decode_shape_on_h100_by_hand():
 def test_whole_waves_fill_the_tail():
     f = _row("gemm", "target", m=128 * 12, n=128 * 11, k=256, dtype="fp8")  # 132 blocks: one full wave
     assert f["tail_fill"] == 1.0 and f["wave_factor"] == 1.0 and f["dtype_bytes"] == 1
+    assert f["log2_split_k"] == 0  # the tiles fill the SMs: no split-K
+
+
+def test_prefill_gqa_group_size():
+    f = _row("attn_prefill", "target", batch=1, seq_q=1000, seq_kv=1000, heads=32, kv_heads=8, head_dim=128,
+             causal=True, window=0, dtype="bf16", kv_dtype="bf16")
+    assert f["log2_gqa_group"] == 2 and f["log2_heads"] == 5
+    assert f["q_tile_fill"] == pytest.approx(1000 / 1024)
 
 
 def test_cross_tier_adds_hardware_features_of_the_row_dtype():
