@@ -126,7 +126,7 @@ def _print_headline(summary: dict) -> None:
     if head.empty:
         print("no evaluation (no family had enough data)")
         return
-    cols = [c for c in ("tier", "family", "lightgbm", "constant", "roofline", ev.DIAGNOSTIC) if c in head.columns]
+    cols = [c for c in ("tier", "family", "lightgbm", "constant", "roofline", *ev.DIAGNOSTICS) if c in head.columns]
     print("MAPE % (target: grouped K-fold; cross: leave-one-device-out)")
     print(head[cols].round(1).to_string(index=False))
 

@@ -6,7 +6,9 @@
   near-duplicate shapes (m = 4096 and m = 4097, or the same GEMM in two
   neighbouring grid cells) never straddle train and test.
 * cross-device tier: leave-one-device-out for every GPU with data of the
-  family, plus GB200 held out (the seed paper's protocol: trained on the other
+  family, scoring the predictor's cross path (die siblings' target models
+  where they cover the kernel, the LightGBM cross model elsewhere; the
+  LightGBM model alone is reported beside it), plus GB200 held out (the seed paper's protocol: trained on the other
   GPUs, B200 included) and a stricter variant with no Blackwell GPU in training.
 * baselines beside each: plain roofline (η = 1) and a constant η per (device,
   family) (the training median; for a held-out GPU the median over the
@@ -28,11 +30,18 @@ import pandas as pd
 from kernelsight.predictor.families import get_family
 from kernelsight.predictor.features import feature_matrix
 from kernelsight.predictor.hardware import load_hardware
+from kernelsight.predictor.roofline import roofline_columns
+from kernelsight.predictor.transfer import cross_eta, die_siblings
 
 from .models import ConstantEtaBaseline, EtaRegressor, RooflineBaseline
 
 MODELS = ("lightgbm", "constant", "roofline")
-DIAGNOSTIC = "lightgbm_no_floor"  # the same model without the η >= floor rule: what the floor costs
+# Diagnostics beside the model: the same model without the η >= floor rule (what the floor costs), and the
+# cross tier without die-sibling transfer (the LightGBM cross-device model alone; the model itself in the
+# target tier).
+DIAGNOSTIC = "lightgbm_no_floor"
+NO_SIBLING = "lightgbm_no_sibling"
+DIAGNOSTICS = (DIAGNOSTIC, NO_SIBLING)
 
 
 @dataclass
@@ -96,26 +105,30 @@ def _sample(n: int, cap: int, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(n, cap, replace=False))
 
 
-def _scored(block: Block, idx: np.ndarray, tier: str, split: str, preds: dict) -> pd.DataFrame:
+def _scored(block: Block, idx: np.ndarray, tier: str, split: str, preds: dict,
+            sibling: np.ndarray | None = None) -> pd.DataFrame:
     rows = block.rows.iloc[idx]
     dom = get_family(block.family).dominant
     out = pd.DataFrame({"tier": tier, "split": split, "device": block.device, "family": block.family,
                         "dominant": rows[dom].to_numpy(dtype=np.float64),
                         "latency_ms": rows["latency_ms"].to_numpy(dtype=np.float64),
                         "t_roof_ms": rows["t_roof"].to_numpy(dtype=np.float64) * 1e3,
-                        "eta": block.eta[idx]})
+                        "eta": block.eta[idx],
+                        "sibling": np.zeros(len(idx), dtype=bool) if sibling is None else sibling})
     for name, eta_pred in preds.items():
         out[f"pred_{name}"] = out["t_roof_ms"] * eta_pred
     return out
 
 
-def _predict_all(model: EtaRegressor, const: ConstantEtaBaseline, roof: RooflineBaseline,
-                 block: Block, idx: np.ndarray, tier: str) -> dict:
-    x = block.x[tier][idx]
-    dev, fam = np.full(len(idx), block.device, dtype=object), np.full(len(idx), block.family, dtype=object)
-    raw = model.predict(x, floor=False)
-    return {"lightgbm": np.maximum(raw, model.eta_floor), DIAGNOSTIC: raw,
-            "constant": const.predict(dev, fam), "roofline": roof.predict(dev, fam)}
+def _baselines(const: ConstantEtaBaseline, block: Block, n: int) -> dict:
+    dev, fam = np.full(n, block.device, dtype=object), np.full(n, block.family, dtype=object)
+    return {"constant": const.predict(dev, fam), "roofline": RooflineBaseline().predict(dev, fam)}
+
+
+def _predict_target(model: EtaRegressor, const: ConstantEtaBaseline, block: Block, idx: np.ndarray) -> dict:
+    raw = model.predict(block.x["target"][idx], floor=False)
+    eta = np.maximum(raw, model.eta_floor)
+    return {"lightgbm": eta, DIAGNOSTIC: raw, NO_SIBLING: eta, **_baselines(const, block, len(idx))}
 
 
 def evaluate_target(blocks: dict, learner: dict, folds: int, seed: int, devices=None) -> pd.DataFrame:
@@ -133,7 +146,7 @@ def evaluate_target(blocks: dict, learner: dict, folds: int, seed: int, devices=
             model = EtaRegressor(family, "target", device, **learner).fit(block.x["target"][train],
                                                                           block.eta[train])
             const = ConstantEtaBaseline().fit([device] * len(train), [family] * len(train), block.eta[train])
-            preds = _predict_all(model, const, RooflineBaseline(), block, test, "target")
+            preds = _predict_target(model, const, block, test)
             out.append(_scored(block, test, "target", f"fold {f}", preds).assign(fold=f))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
@@ -164,8 +177,11 @@ def holdout_protocols(blocks: dict, family: str, extra: dict) -> list[tuple[str,
 
 
 def evaluate_cross(blocks: dict, learner: dict, cap: int, seed: int, extra: dict, devices=None) -> pd.DataFrame:
-    """Leave-one-device-out (and the extra hold-out protocols) per family on the cross tier."""
+    """Leave-one-device-out (and the extra hold-out protocols) per family on the cross tier: what the
+    predictor's cross path does for a GPU it has no data of (predictor/transfer.py: die siblings among
+    the training GPUs where their target models cover the kernel, the LightGBM cross model for the rest)."""
     out = []
+    sibling_models: dict = {}  # (device, family) -> target model on the whole block, as a bundle holds it
     families = sorted({f for _, f in blocks})
     for family in families:
         for split, test_device, exclude in holdout_protocols(blocks, family, extra):
@@ -177,9 +193,23 @@ def evaluate_cross(blocks: dict, learner: dict, cap: int, seed: int, extra: dict
             model = EtaRegressor(family, "cross", None, **learner).fit(x, eta)
             const = ConstantEtaBaseline().fit(train_devices, [family] * len(eta), eta)
             block = blocks[(test_device, family)]
+            hw = load_hardware(test_device)
+            siblings = []
+            for d in die_siblings(hw, sorted(set(train_devices))):
+                if (d, family) not in sibling_models:
+                    sib = blocks[(d, family)]
+                    sibling_models[(d, family)] = EtaRegressor(family, "target", d, **learner).fit(sib.x["target"],
+                                                                                                  sib.eta).model_
+                siblings.append((load_hardware(d), sibling_models[(d, family)]))
+            cols = {c: block.rows[c].to_numpy() for c in get_family(family).columns}
+            roof = roofline_columns(family, cols, hw)
+            path = {floor: cross_eta(family, cols, hw, roof, model.model_, siblings, floor=floor)
+                    for floor in (True, False)}
             idx = np.arange(len(block.rows))
-            preds = _predict_all(model, const, RooflineBaseline(), block, idx, "cross")
-            out.append(_scored(block, idx, "cross", split, preds).assign(fold=-1))
+            preds = {"lightgbm": path[True]["eta"], DIAGNOSTIC: path[False]["eta"],
+                     NO_SIBLING: model.predict(block.x["cross"]), **_baselines(const, block, len(idx))}
+            sibling = np.char.endswith(path[True]["model"].astype(str), "(die sibling)")
+            out.append(_scored(block, idx, "cross", split, preds, sibling).assign(fold=-1))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
@@ -191,13 +221,14 @@ def metrics(scored: pd.DataFrame, by=("tier", "split", "family", "device")) -> p
     """Per group and model: rows, MAPE, median and p90 absolute percentage error (percent)."""
     rows = []
     if scored.empty:
-        return pd.DataFrame(columns=[*by, "model", "rows", "mape", "median_ape", "p90_ape"])
+        return pd.DataFrame(columns=[*by, "model", "rows", "mape", "median_ape", "p90_ape", "sibling_pct"])
     for key, part in scored.groupby(list(by), sort=True):
         key = key if isinstance(key, tuple) else (key,)
-        for model in (*MODELS, DIAGNOSTIC):
+        for model in (*MODELS, *DIAGNOSTICS):
             ape = _ape(part[f"pred_{model}"], part["latency_ms"])
             rows.append({**dict(zip(by, key)), "model": model, "rows": len(part), "mape": float(ape.mean()),
-                         "median_ape": float(np.median(ape)), "p90_ape": float(np.percentile(ape, 90))})
+                         "median_ape": float(np.median(ape)), "p90_ape": float(np.percentile(ape, 90)),
+                         "sibling_pct": float(100.0 * part["sibling"].mean()) if "sibling" in part else 0.0})
     return pd.DataFrame(rows)
 
 

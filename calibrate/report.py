@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .evaluate import DIAGNOSTIC, MODELS, headline, metrics
+from .evaluate import DIAGNOSTIC, DIAGNOSTICS, MODELS, NO_SIBLING, headline, metrics
 
 PLOT_POINTS = 1500
 
@@ -47,6 +47,9 @@ def _mape_table(per: pd.DataFrame, tier: str) -> pd.DataFrame:
     out["MAPE const"] = wide[("mape", "constant")]
     out["MAPE roofline"] = wide[("mape", "roofline")]
     out["MAPE no floor"] = wide[("mape", DIAGNOSTIC)]
+    out["MAPE no sibling"] = wide[("mape", NO_SIBLING)]
+    if tier == "cross":
+        out["rows by die sibling %"] = part.groupby(["family", "split", "device", "rows"])["sibling_pct"].first()
     return out.reset_index()
 
 
@@ -73,7 +76,11 @@ def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.Dat
           "straddle train and test). Cross-device tier: leave-one-device-out (the GPU's rows never seen). "
           "Baselines: constant η per (device, family) (training median; for a held-out GPU the median of the "
           "training GPUs) and the plain roofline (η = 1). 'no floor' is the same model without the "
-          "η >= floor rule: the difference is what the rule costs.", "",
+          "η >= floor rule: the difference is what the rule costs. The cross tier is what the predictor does "
+          "for a GPU it has no data of (predictor/transfer.py): a die sibling's target model (same "
+          "architecture and SM count, e.g. H200 for H100) prices the kernels it covers, the LightGBM "
+          "cross-device model the rest; 'no sibling' is the LightGBM model alone, and 'rows by die sibling' "
+          "the share of the held-out GPU's rows a sibling priced.", "",
           "## Headline (pooled over GPUs; cross tier over the leave-one-device-out folds)", "",
           markdown_table(_headline_table(head)), "",
           "## GB200 held out (the seed paper's protocol: trained on the other GPUs, B200 included; "
@@ -97,9 +104,10 @@ def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.Dat
 def _headline_table(head: pd.DataFrame) -> pd.DataFrame:
     if head.empty:
         return head
-    cols = ["tier", "family", *[m for m in (*MODELS, DIAGNOSTIC) if m in head.columns]]
+    cols = ["tier", "family", *[m for m in (*MODELS, *DIAGNOSTICS) if m in head.columns]]
     return head[cols].rename(columns={"lightgbm": "MAPE model", "constant": "MAPE const",
-                                      "roofline": "MAPE roofline", DIAGNOSTIC: "MAPE no floor"})
+                                      "roofline": "MAPE roofline", DIAGNOSTIC: "MAPE no floor",
+                                      NO_SIBLING: "MAPE no sibling"})
 
 
 def _plots(out: Path, scored: pd.DataFrame, seed: int) -> list[str]:

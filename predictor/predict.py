@@ -5,7 +5,10 @@ it prices; `predict_frame(df)` prices a whole sweep-like frame. η comes from an
 η bundle (predictor/bundle.py; the one shipped in the package by default):
 
   tier 'target'   the model fitted on this GPU's own sweep;
-  tier 'cross'    the cross-device model (hardware features), for any GPU;
+  tier 'cross'    no data of this GPU: a die sibling's target model where the
+                  bundle has one that covers the kernel (predictor/transfer.py:
+                  same architecture and SM count, e.g. H200 for H100), the
+                  cross-device model (hardware features) for the rest;
   tier 'auto'     target where the bundle has this GPU's data for the family
                   (rows whose dtype/op/link the target sweep never held go to
                   cross), cross otherwise;
@@ -29,6 +32,7 @@ from .errors import KernelsightError, did_you_mean
 from .features import feature_matrix
 from .hardware import Hardware, load_hardware
 from .roofline import roofline_columns, roofline_frame
+from .transfer import cross_eta, die_siblings
 
 TIERS = ("auto", "target", "cross", "roofline")
 ROOFLINE = "roofline"
@@ -63,8 +67,8 @@ class Predictor:
         return load_bundle(bundle)
 
     # -- which models price a family ---------------------------------------------------
-    def models(self, family: str) -> tuple[EtaModel | None, EtaModel | None]:
-        """(target model or None, cross model or None) this predictor uses for `family`."""
+    def models(self, family: str) -> tuple:
+        """(target model or None, cross model or None, die siblings [(Hardware, target model)]) for `family`."""
         if family not in self._chosen:
             self._chosen[family] = self._choose(family)
         return self._chosen[family]
@@ -72,27 +76,29 @@ class Predictor:
     def _choose(self, family: str):
         b, key = self.bundle, self.hw.key
         if self.tier == ROOFLINE:
-            return None, None
+            return None, None, []
         if b is None or not b.covers(family):
             if family not in self._warned:
                 self._warned.add(family)
                 where = "no η bundle loaded" if b is None else f"bundle {b.path} has no {family} model"
                 warnings.warn(f"{where}: {family} latencies on {key} are plain roofline (η = 1)", stacklevel=4)
-            return None, None
+            return None, None, []
         target = b.model("target", family, key) if b.has("target", family, key) else None
         cross = b.model("cross", family) if b.has("cross", family) else None
+        siblings = [(load_hardware(d), b.model("target", family, d))
+                    for d in die_siblings(self.hw, b.target_devices(family))]
         if self.tier == "target":
             if target is None:
                 devices = ", ".join(b.target_devices(family)) or "none"
                 raise KernelsightError(f"bundle {b.path} has no target-tier {family} model for {key} "
                                        f"(GPUs with one: {devices}); use tier=cross or tier=auto")
-            return target, None
+            return target, None, []
         if self.tier == "cross":
-            if cross is None:
+            if cross is None and not siblings:
                 raise KernelsightError(f"bundle {b.path} has no cross-device {family} model; "
                                        f"use tier=target or tier=auto")
-            return None, cross
-        return target, cross
+            return None, cross, siblings
+        return target, cross, siblings
 
     # -- prediction ------------------------------------------------------------------------
     def estimate(self, family: str, cols: Mapping, roof: Mapping | None = None) -> dict:
@@ -100,28 +106,39 @@ class Predictor:
         if roof is None:
             roof = roofline_columns(family, cols, self.hw)
         n = len(roof["t_roof"])
-        eta = np.ones(n)
-        tier = np.full(n, ROOFLINE, dtype=object)
-        model = np.full(n, ROOFLINE, dtype=object)
-        extrapolated = np.zeros(n, dtype=bool)
-        target, cross = self.models(family)
-        first = target or cross
-        if first is None or n == 0:
-            return {"eta": eta, "tier": tier, "model": model, "extrapolated": extrapolated}
-        x = feature_matrix(family, first.tier, cols, self.hw, roof)
-        rows = np.ones(n, dtype=bool)
-        if target is not None and cross is not None:
-            rows = ~target.unseen_category(x)  # auto: what the target sweep never held goes to cross
-        eta[rows], extrapolated[rows] = first.eta(x[rows]) if not rows.all() else first.eta(x)
-        tier[rows], model[rows] = first.tier, first.label
-        rest = ~rows
+        out = {"eta": np.ones(n), "tier": np.full(n, ROOFLINE, dtype=object),
+               "model": np.full(n, ROOFLINE, dtype=object), "extrapolated": np.zeros(n, dtype=bool)}
+        target, cross, siblings = self.models(family)
+        if n == 0 or (target is None and cross is None and not siblings):
+            return out
+        rest = np.ones(n, dtype=bool)
+        if target is not None:
+            x = feature_matrix(family, target.tier, cols, self.hw, roof)
+            # auto: what the target sweep never held goes to the cross path, when there is one
+            rows = ~target.unseen_category(x) if (cross is not None or siblings) else rest
+            out["eta"][rows], out["extrapolated"][rows] = target.eta(x[rows])
+            out["tier"][rows], out["model"][rows] = target.tier, target.label
+            rest = ~rows
         if rest.any():
-            sub = {k: np.asarray(v).reshape(-1)[rest] for k, v in cols.items()}
-            sub_roof = {k: np.asarray(v)[rest] for k, v in roof.items()}
-            xc = feature_matrix(family, "cross", sub, self.hw, sub_roof)
-            eta[rest], extrapolated[rest] = cross.eta(xc)
-            tier[rest], model[rest] = cross.tier, cross.label
-        return {"eta": eta, "tier": tier, "model": model, "extrapolated": extrapolated}
+            self._cross(family, cols, roof, rest, cross, siblings, out)
+        return out
+
+    def _cross(self, family: str, cols: Mapping, roof: Mapping, rows: np.ndarray, cross, siblings,
+               out: dict) -> None:
+        """The cross-device path (predictor/transfer.py) for `rows`."""
+        idx = np.flatnonzero(rows)
+        if not rows.all():
+            cols = {k: np.asarray(v).reshape(-1)[idx] for k, v in cols.items()}
+            roof = {k: np.asarray(v)[idx] for k, v in roof.items()}
+        res = cross_eta(family, cols, self.hw, roof, cross, siblings)
+        priced = res["model"] != ROOFLINE
+        out["eta"][idx], out["extrapolated"][idx], out["model"][idx] = res["eta"], res["extrapolated"], res["model"]
+        out["tier"][idx[priced]] = "cross"
+        if not priced.all() and family not in self._warned:
+            self._warned.add(family)
+            warnings.warn(f"bundle {self.bundle.path} has no cross-device {family} model: {int((~priced).sum())} "
+                          f"{family} kernels on {self.hw.key} that no die sibling covers are plain roofline (η = 1)",
+                          stacklevel=4)
 
     def eta(self, family: str, cols: Mapping, roof: Mapping) -> np.ndarray:
         return self.estimate(family, cols, roof)["eta"]

@@ -40,8 +40,10 @@ def test_auto_sends_variants_the_target_sweep_never_held_to_cross():
 
 
 def test_explicit_tiers_and_their_errors():
-    p = Predictor("h100_sxm", tier="cross")
-    assert set(p.estimate("gemm", GEMM)["model"]) == {"cross/gemm"}
+    p = Predictor("h100_sxm", tier="cross")  # no H100 data: H200's target model, the same die
+    res = p.estimate("gemm", GEMM)
+    assert set(res["model"]) == {"target/h200_sxm/gemm (die sibling)"} and set(res["tier"]) == {"cross"}
+    assert set(Predictor("l40s", tier="cross").estimate("gemm", GEMM)["model"]) == {"cross/gemm"}  # no sibling
     with pytest.raises(KernelsightError, match="no target-tier gemm model for mi300x"):
         Predictor("mi300x", tier="target").latency("gemm", GEMM)
     with pytest.raises(KernelsightError, match="unknown tier"):

@@ -1,0 +1,127 @@
+"""Die-sibling transfer: price a GPU with no data of its own from a measured GPU built on the same die.
+
+Why: the cross-device LightGBM model has to learn every architecture's kernel
+efficiency from hardware features, which for an unseen GPU costs 10-35 % MAPE
+on GEMM and attention. GPUs that share the compute die (H100 SXM / H200 /
+GH200, B200 / GB200, the A100 variants) run the same kernels; what differs is
+clocks, SM count and memory. Measured on the committed data (calibration
+report, cross tier, leave-one-GPU-out): H100 priced from H200 rows has 6.0 /
+3.5 / 3.6 % MAPE on GEMM / prefill / decode attention against 13.8 / 33.1 /
+14.8 % for the LightGBM cross model; GB200 from B200 7.1 / 4.3 / 5.8 against
+11.0 / 8.0 / 11.0. Of the pairs evaluated only A100 PCIe GEMMs priced from the
+40 GB card do slightly worse (12.7 against 11.9 %).
+
+How a sibling's measurement moves to the new GPU: a kernel's time on the
+sibling S is t_S = t_roof_S * eta_S; its roofline part moves with the roofline
+and the gap above it (launch, latency, tail and pipeline effects of the same
+kernel on the same SM design) carries over:
+
+    t_D = t_roof_D + (t_S - t_roof_S),  i.e.  eta_D = 1 + (eta_S - 1) * t_roof_S / t_roof_D.
+
+Alternatives measured on the same leave-one-device-out folds, all worse:
+carrying eta over unchanged (the whole time scales with the roofline) costs
+22 % MAPE on H100 GEMMs priced from H200 (6 % with the formula), because
+H200's extra bandwidth barely speeds up kernels far from their roofline;
+carrying the time over unchanged costs 20 % on A100 PCIe elementwise kernels
+priced from the 40 GB card (3 % with the formula), which are bandwidth-bound;
+scaling the gap by the ratio of bf16 peaks costs 12 % on GB200 decode attention
+priced from B200 (6 % with the formula).
+
+Siblings: same vendor and architecture, SM counts within 5 %, nearest first
+(memory bandwidth, then peak). A sibling prices only the rows its model covers
+(no unseen category, every feature inside its training range); the others go
+to the cross-device model.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+from .hardware import Hardware, load_hardware
+from .roofline import roofline_columns
+
+SM_TOLERANCE = 0.05
+
+
+def _peak(hw: Hardware) -> float | None:
+    for dtype in ("bf16", "fp16", "fp32"):
+        if hw.peak_tflops.get(dtype):
+            return float(hw.peak_tflops[dtype])
+    return None
+
+
+def die_siblings(hw: Hardware | str, candidates) -> list[str]:
+    """Catalog keys among `candidates` built on hw's compute die, nearest first (hw itself excluded)."""
+    hw = load_hardware(hw) if isinstance(hw, str) else hw
+    peak = _peak(hw)
+    out = []
+    for key in candidates:
+        other = load_hardware(key)
+        if other.key == hw.key or other.vendor != hw.vendor or other.arch != hw.arch:
+            continue
+        if abs(other.num_sms / hw.num_sms - 1.0) > SM_TOLERANCE or peak is None or _peak(other) is None:
+            continue
+        distance = (abs(math.log(other.mem_bw_gbs / hw.mem_bw_gbs)), abs(math.log(_peak(other) / peak)), other.key)
+        out.append((distance, other.key))
+    return [key for _, key in sorted(out)]
+
+
+def sibling_eta(family: str, cols: Mapping, hw: Hardware, roof: Mapping, siblings, floor: bool = True) -> tuple:
+    """η on hw from die siblings' target models, for the rows a sibling covers.
+
+    siblings: [(Hardware, EtaModel)] nearest first. Returns (eta, covered, source): η per row
+    (1 where not covered), the covered mask and the sibling key that priced each row ('' if none).
+    floor=False skips the siblings' η floor (evaluation only: what the floor costs).
+    """
+    from .features import feature_matrix
+
+    n = len(roof["t_roof"])
+    eta = np.ones(n)
+    source = np.full(n, "", dtype=object)
+    covered = np.zeros(n, dtype=bool)
+    t_roof = np.asarray(roof["t_roof"], dtype=np.float64)
+    for sib_hw, model in siblings:
+        rows = np.flatnonzero(~covered)
+        if rows.size == 0:
+            break
+        sub = {k: np.asarray(v).reshape(-1)[rows] for k, v in cols.items()} if rows.size < n else cols
+        sib_roof = roofline_columns(family, sub, sib_hw)
+        x = feature_matrix(family, model.tier, sub, sib_hw, sib_roof)
+        ok = ~model.out_of_range(x)
+        if not ok.any():
+            continue
+        eta_sib, _ = model.eta(x[ok], floor=floor)
+        t_sib_roof = np.asarray(sib_roof["t_roof"], dtype=np.float64)[ok]
+        idx = rows[ok]
+        t = t_roof[idx] + (eta_sib - 1.0) * t_sib_roof
+        with np.errstate(divide="ignore", invalid="ignore"):
+            eta[idx] = np.where(t_roof[idx] > 0, t / t_roof[idx], 1.0)
+        covered[idx] = True
+        source[idx] = sib_hw.key
+    return eta, covered, source
+
+
+def cross_eta(family: str, cols: Mapping, hw: Hardware, roof: Mapping, cross, siblings, floor: bool = True) -> dict:
+    """The cross-device path for kernels of a GPU without its own data: die siblings where they cover the
+    kernel, the cross-device model (or η = 1 without one) for the rest.
+
+    Returns {eta, extrapolated, model} per row; model is the label of what priced the row.
+    """
+    n = len(roof["t_roof"])
+    eta, covered, source = sibling_eta(family, cols, hw, roof, siblings, floor) if siblings else \
+        (np.ones(n), np.zeros(n, dtype=bool), np.full(n, "", dtype=object))
+    model = np.full(n, "roofline", dtype=object)
+    model[covered] = [f"target/{d}/{family} (die sibling)" for d in source[covered]]
+    extrapolated = ~covered
+    left = np.flatnonzero(~covered)
+    if left.size and cross is not None:
+        from .features import feature_matrix
+
+        whole = left.size == n
+        sub = cols if whole else {k: np.asarray(v).reshape(-1)[left] for k, v in cols.items()}
+        sub_roof = roof if whole else {k: np.asarray(v)[left] for k, v in roof.items()}
+        eta[left], extrapolated[left] = cross.eta(feature_matrix(family, "cross", sub, hw, sub_roof), floor=floor)
+        model[left] = cross.label
+    return {"eta": eta, "extrapolated": extrapolated, "model": model}
