@@ -262,11 +262,14 @@ def _constant(const: dict, family: str, device: str) -> float:
 
 
 def _print_errors(out: pd.DataFrame) -> None:
+    """Errors per family, GPU and provider: a sweep may time several implementations of one kernel
+    (CUTLASS and DeepGEMM fp8, FA2 and FA3), while an η model describes the one calibration chose."""
     rows = []
-    for (family, device), g in out.groupby(["family", "device"], sort=True):
+    for (family, device, provider), g in out.groupby(["family", "device", "provider"], sort=True):
         m = g["latency_ms"]
         ape = g["ape_pct"]
-        rows.append({"family": family, "device": device, "tier": ",".join(sorted(g["tier"].unique())),
+        rows.append({"family": family, "device": device, "provider": provider,
+                     "tier": ",".join(sorted(g["tier"].unique())),
                      "rows": len(g), "MAPE": ape.mean(), "median APE": ape.median(),
                      "p90 APE": ape.quantile(0.9),
                      "MAPE const": ((g["constant_ms"] - m).abs() / m * 100).mean(),
