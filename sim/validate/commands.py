@@ -224,7 +224,7 @@ def validate(cfg) -> pd.DataFrame:
     ar = fit_custom_allreduce(custom_allreduce_rows(), exclude=sorted({d for _, ex in tiers for d in ex}))
     context = {
         "csv": portable(csv), "rows": len(rows),
-        "protocol": _protocol_lines(settings, engine, tiers, mappings, num_requests),
+        "protocol": _protocol_lines(settings, engine, tiers, mappings, num_requests, sorted({r.device for r in rows})),
         "composition": _composition_lines(fits, params, metrics, engine, ar),
         "structure": _structure_lines(df, warned),
         "run": timing + [f"total {time.perf_counter() - start:.0f} s; per-row table: {table}"],
@@ -242,7 +242,8 @@ def validate(cfg) -> pd.DataFrame:
     return df
 
 
-def _protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mappings, num_requests) -> list[str]:
+def _protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mappings, num_requests,
+                    devices) -> list[str]:
     rounds = (f"{num_requests} requests per row (override)" if num_requests else
               f"each client sends {settings.warmup_rounds} warmup rounds (excluded, as the benchmark's "
               f"2 x concurrency warmup requests) + max({settings.min_rounds}, ceil({settings.decode_steps} / osl)) "
@@ -255,11 +256,26 @@ def _protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mapping
     for tier, exclude in tiers:
         src = portable(tier.bundle) if tier.bundle else "the shipped bundle (data/artifacts/default)"
         out.append(f"tier {tier.name}: predictor tier '{tier.predictor_tier}', η bundle {src}"
-                   + (f" (fitted without {', '.join(exclude)})" if exclude else ""))
+                   + (f" (fitted without {', '.join(exclude)})" if exclude else "")
+                   + (_sibling_note(tier, devices) if tier.predictor_tier == "cross" else ""))
     for m in mappings:
         extra = ", ".join(f"{k} {v}" for k, v in (("weight dtype", m.weight_dtype), ("KV cache", m.kv_dtype)) if v)
         out.append(f"model {m.model_path} at {m.precision} -> conf/model/{m.model}.yaml" + (f" ({extra})" if extra else ""))
     return out
+
+
+def _sibling_note(tier: Tier, devices) -> str:
+    """Which die siblings' target models the cross tier prices each validated GPU with (predictor/transfer.py)."""
+    from kernelsight.predictor.bundle import load_bundle
+    from kernelsight.predictor.transfer import die_siblings
+
+    bundle = load_bundle(tier.bundle) if tier.bundle else load_bundle()
+    measured = sorted({m["device"] for m in bundle.manifest["models"].values() if m["tier"] == "target"})
+    notes = [f"{d} from {', '.join(sib)}" for d in devices if (sib := die_siblings(d, measured))]
+    if not notes:
+        return "; no die sibling in the bundle: cross-device models only"
+    return (f"; kernels a die sibling's target model covers are priced from it ({'; '.join(notes)}), "
+            f"the rest by the cross-device models")
 
 
 def _composition_lines(fits: dict, params, metrics, engine: EngineProfile, ar) -> list[str]:
