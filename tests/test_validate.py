@@ -319,3 +319,12 @@ def test_validate_command_bad_csv_row_is_one_line(capsys, monkeypatch, tmp_path)
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "row 2" in err and "'concurrency'" in err
+
+
+def test_report_names_the_die_sibling_that_prices_the_cross_tier():
+    from kernelsight.sim.validate.commands import _sibling_note
+    from kernelsight.sim.validate.run import Tier
+
+    note = _sibling_note(Tier("cross", "cross", None), ["h100_sxm", "l40s"])
+    assert "h100_sxm from h200_sxm" in note and "l40s" not in note
+    assert "cross-device models only" in _sibling_note(Tier("cross", "cross", None), ["mi300x"])
