@@ -8,6 +8,7 @@ machine without CUDA, plans for the `estimate_on` GPU.
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -370,3 +371,75 @@ def bench_report(cfg: DictConfig) -> None:
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
     for name, path in result["paths"].items():
         print(f"{name}: {path}")
+
+
+def bench_serve(cfg: DictConfig) -> None:
+    """`kernelsight bench serve`: end-to-end serving runs of transformers' continuous batching (serving.py)."""
+    import pandas as pd
+    import torch
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    from kernelsight.predictor.paths import conf_dir
+
+    from .environment import capture_environment, device_identity
+    from .serving import ServeWorkload, build_model, run_workload, summarize
+
+    kind = str(cfg.device)
+    if kind not in ("cuda", "cpu"):
+        raise KernelsightError(f"device={kind}: must be cuda or cpu")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise KernelsightError(f"device=cuda but torch {torch.__version__} sees no CUDA GPU; use device=cpu "
+                               f"(with a small model_overrides) to try the pipeline")
+    device = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
+    specs = OmegaConf.to_container(cfg.workloads) or {}
+    only = list(cfg.only) if cfg.only else list(specs)
+    unknown = [name for name in only if name not in specs]
+    if unknown:
+        raise KernelsightError(f"only: unknown workload(s) {', '.join(unknown)}; defined: {', '.join(specs) or 'none'}")
+    workloads = [ServeWorkload.from_mapping(name, specs[name]) for name in only]
+    if not workloads:
+        raise KernelsightError("workloads: none given")
+    hf_config = conf_dir() / "model" / str(cfg.model.hf_config)
+    key, _ = device_identity(device)
+    run_dir = Path(cfg.out or data_dir() / "validation" / "transformers") / key / str(cfg.run_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pending = [w for w in workloads if not (run_dir / f"{w.name}.parquet").is_file()]
+    print(f"kernelsight bench serve: {cfg.model.name} on {key}, {len(workloads)} workloads "
+          f"({len(workloads) - len(pending)} already measured in {run_dir})")
+    if pending:
+        overrides = {k: v for k, v in OmegaConf.to_container(cfg.model_overrides).items() if v is not None}
+        model = build_model(hf_config, overrides, str(cfg.dtype), str(device),
+                            str(cfg.attn_implementation), int(cfg.seed))
+        engine = {k: v for k, v in OmegaConf.to_container(cfg.engine).items() if v is not None}
+        manager = model.init_continuous_batching(
+            generation_config=GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0),
+            continuous_batching_config=ContinuousBatchingConfig(**engine))
+        manager.start()
+        try:
+            vocab = int(model.config.vocab_size)
+            if cfg.warmup_requests:  # first kernels, graph captures and allocator growth, not measured
+                run_workload(manager, ServeWorkload("warmup", "closed_loop", min(w.isl for w in workloads), 8,
+                                                    int(cfg.warmup_requests), concurrency=int(cfg.warmup_requests)),
+                             vocab, int(cfg.seed))
+            for i, w in enumerate(pending):
+                start = time.perf_counter()
+                rows = run_workload(manager, w, vocab, int(cfg.seed) + 1000 * (i + 1), float(cfg.timeout_s))
+                tmp = run_dir / f".{w.name}.parquet.tmp"
+                pd.DataFrame(rows).to_parquet(tmp, index=False)
+                tmp.replace(run_dir / f"{w.name}.parquet")  # a workload is kept whole or not at all
+                print(f"  {w.name}: {len(rows)} requests in {time.perf_counter() - start:.1f} s")
+        finally:
+            manager.stop(block=True)
+    rows = pd.concat([pd.read_parquet(run_dir / f"{w.name}.parquet") for w in workloads], ignore_index=True)
+    summary = pd.DataFrame(summarize(rows.to_dict("records"), workloads))
+    summary.insert(0, "model", cfg.model.name)
+    summary.insert(1, "device", key)
+    summary.to_csv(run_dir / "summary.csv", index=False)
+    env = capture_environment(device, OmegaConf.to_container(cfg, resolve=True))
+    env["transformers"] = __import__("transformers").__version__
+    tmp = run_dir / ".run.json.tmp"
+    tmp.write_text(json.dumps(env, indent=1, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    tmp.replace(run_dir / "run.json")
+    print(summary.round(2).to_string(index=False))
+    print(f"wrote {run_dir}/summary.csv, run.json and one requests file per workload")

@@ -44,6 +44,9 @@ COMMANDS = {
                      "collect a kernel sweep on this machine's GPU (sweep=quick|full|cpu, resume=true, dry_run=true)"),
     "bench report": Command("kernelsight.microbench.commands:bench_report",
                             "roofline and eta plots plus the eta summary table of a sweep", positional="sweep_file"),
+    "bench serve": Command("kernelsight.microbench.commands:bench_serve",
+                           "end-to-end serving runs of transformers' continuous batching (Poisson and closed-loop "
+                           "traffic, shared prefixes) with per-token timestamps"),
     "calibrate": Command("kernelsight.calibrate.commands:calibrate",
                          "fit and evaluate per-family η models (target and cross-device tiers), write the report"),
     "calibrate publish": Command("kernelsight.calibrate.commands:calibrate_publish",

@@ -1,0 +1,212 @@
+"""End-to-end serving measurements of a real continuous-batching engine: transformers' continuous batching.
+
+Why: the simulator's scheduler and composition model are validated against vLLM rows whose launch flags
+and client settings are unknown (data/validation). A run we make ourselves records everything: the
+engine settings, the arrival process, and a timestamp per generated token. transformers 5.x batches
+requests continuously over a paged KV cache (`attn_implementation="paged|sdpa"`, chunked prefill, FIFO or
+prefill-first scheduling, prefix sharing); its `ContinuousBatchingManager` takes requests while running,
+which is what open-loop (Poisson) and closed-loop clients need.
+
+The model is random-initialised from an architecture config shipped in conf/model/hf/ (no download):
+the kernels and shapes are the architecture's, the tokens meaningless, so every request generates exactly
+`osl` tokens (end-of-sequence disabled). Times come from the engine's own per-token timestamps
+(`record_timestamps`, time.perf_counter) against the moment the client handed the request over:
+TTFT = first token - send, TPOT = (last - first) / (tokens - 1), as `vllm bench serve` defines them.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kernelsight.predictor.errors import KernelsightError
+
+ARRIVALS = ("poisson", "closed_loop")
+
+
+@dataclass(frozen=True)
+class ServeWorkload:
+    """One traffic pattern: Poisson at `rate` req/s, or `concurrency` closed-loop clients; fixed lengths."""
+
+    name: str
+    arrival: str
+    isl: int
+    osl: int
+    num_requests: int
+    rate: float | None = None
+    concurrency: int | None = None
+    shared_prefix: int = 0  # leading prompt tokens every request shares (a system prompt: prefix caching)
+
+    @classmethod
+    def from_mapping(cls, name: str, data) -> "ServeWorkload":
+        where = f"workloads.{name}"
+        if not hasattr(data, "get"):
+            raise KernelsightError(f"{where}: expected a mapping, got {data!r}")
+        unknown = sorted(set(data) - {f for f in cls.__dataclass_fields__ if f != "name"})
+        if unknown:
+            raise KernelsightError(f"{where}: unknown setting(s) {', '.join(unknown)}")
+        arrival = data.get("arrival")
+        if arrival not in ARRIVALS:
+            raise KernelsightError(f"{where}.arrival: {arrival!r}; choose one of {', '.join(ARRIVALS)}")
+        ints = {}
+        for key in ("isl", "osl", "num_requests", "shared_prefix", "concurrency"):
+            value = data.get(key, 0 if key in ("shared_prefix", "concurrency") else None)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0 or \
+                    (value == 0 and key in ("isl", "osl", "num_requests")):
+                raise KernelsightError(f"{where}.{key}: {value!r}; expected a positive integer")
+            ints[key] = value
+        rate = data.get("rate")
+        if arrival == "poisson" and not (isinstance(rate, (int, float)) and not isinstance(rate, bool) and rate > 0):
+            raise KernelsightError(f"{where}.rate: {rate!r}; a Poisson workload needs a positive rate (requests/s)")
+        if arrival == "closed_loop" and ints["concurrency"] < 1:
+            raise KernelsightError(f"{where}.concurrency: a closed-loop workload needs at least 1 client")
+        if ints["shared_prefix"] >= ints["isl"]:
+            raise KernelsightError(f"{where}.shared_prefix: {ints['shared_prefix']} must be below isl ({ints['isl']})")
+        return cls(name=name, arrival=arrival, rate=float(rate) if arrival == "poisson" else None,
+                   concurrency=ints["concurrency"] if arrival == "closed_loop" else None,
+                   isl=ints["isl"], osl=ints["osl"], num_requests=ints["num_requests"],
+                   shared_prefix=ints["shared_prefix"])
+
+
+def build_model(hf_config: str | Path, overrides: dict, dtype: str, device: str, attn_implementation: str,
+                seed: int):
+    """A random-initialised causal LM of the architecture in an HF config.json (plus overrides), in eval mode."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = Path(hf_config)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise KernelsightError(f"{path}: not a readable config.json ({e})") from None
+    raw.pop("quantization_config", None)  # random weights: quantized checkpoints' layout does not apply
+    model_type = raw.pop("model_type", None)
+    if not model_type:
+        raise KernelsightError(f"{path}: no model_type")
+    merged = {**raw, **dict(overrides or {})}
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):  # ids beyond an overridden vocabulary
+        ids = merged.get(key)
+        if ids is not None and any(i >= merged.get("vocab_size", np.inf) for i in np.atleast_1d(ids)):
+            merged[key] = None
+    config = AutoConfig.for_model(model_type, **merged)
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(dtype)
+    if torch_dtype is None:
+        raise KernelsightError(f"dtype={dtype!r}; choose bf16, fp16 or fp32")
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype, attn_implementation=attn_implementation)
+    return model.eval()
+
+
+def prompts(workload: ServeWorkload, vocab: int, seed: int) -> list[list[int]]:
+    """Random prompts of isl tokens; the first shared_prefix tokens are the same in every prompt."""
+    rng = np.random.default_rng(seed)
+    prefix = rng.integers(1, vocab, size=workload.shared_prefix).tolist()
+    return [prefix + rng.integers(1, vocab, size=workload.isl - workload.shared_prefix).tolist()
+            for _ in range(workload.num_requests)]
+
+
+class _Client:
+    """Sends a workload's requests to a running manager and collects one row per finished request."""
+
+    def __init__(self, manager, workload: ServeWorkload, vocab: int, seed: int, timeout_s: float):
+        self.manager, self.w, self.timeout_s = manager, workload, timeout_s
+        self.prompts = prompts(workload, vocab, seed)
+        self.seed = seed
+        self.sent: dict[str, tuple[int, float]] = {}
+        self.lock = threading.Lock()
+        self.t0 = 0.0
+
+    def send(self, i: int) -> None:
+        rid = f"{self.w.name}-{i}"
+        with self.lock:
+            self.sent[rid] = (i, time.perf_counter())
+        if self.manager.add_request(self.prompts[i], request_id=rid, max_new_tokens=self.w.osl,
+                                    record_timestamps=True, eos_token_id=-1) is None:
+            raise KernelsightError(f"workload {self.w.name}: the engine refused request {i} (stopped or full)")
+
+    def _poisson_sender(self, arrivals: np.ndarray, failure: list) -> None:
+        try:
+            for i, at in enumerate(arrivals):
+                delay = self.t0 + at - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)
+                self.send(i)
+        except BaseException as e:  # reported by run() on the main thread
+            failure.append(e)
+
+    def run(self) -> list[dict]:
+        w, n = self.w, self.w.num_requests
+        failure: list = []
+        self.t0 = time.perf_counter()
+        sender = None
+        if w.arrival == "poisson":
+            arrivals = np.cumsum(np.random.default_rng(self.seed + 1).exponential(1.0 / w.rate, n))
+            sender = threading.Thread(target=self._poisson_sender, args=(arrivals, failure), daemon=True)
+            sender.start()
+            next_i = n
+        else:
+            for i in range(min(w.concurrency, n)):
+                self.send(i)
+            next_i = min(w.concurrency, n)
+        rows, last_progress = [], time.perf_counter()
+        while len(rows) < n:
+            if failure:
+                raise failure[0]
+            result = self.manager.get_result(timeout=0.5)
+            if result is None:
+                if time.perf_counter() - last_progress > self.timeout_s:
+                    raise KernelsightError(f"workload {w.name}: no request finished for {self.timeout_s:.0f} s "
+                                           f"({len(rows)} of {n} done); the engine stalled or is far too slow")
+                continue
+            if not result.is_finished():
+                continue
+            last_progress = time.perf_counter()
+            rows.append(self._row(result))
+            if next_i < n:  # closed loop: the client whose request finished sends its next one
+                self.send(next_i)
+                next_i += 1
+        if sender is not None:
+            sender.join()
+        return rows
+
+    def _row(self, result) -> dict:
+        with self.lock:
+            i, sent = self.sent[result.request_id]
+        stamps = result.timestamps or []
+        if result.error or len(stamps) != len(result.generated_tokens) or not stamps:
+            raise KernelsightError(f"workload {self.w.name}: request {i} failed "
+                                   f"({result.error or 'no per-token timestamps'})")
+        n_out = len(stamps)
+        return {"workload": self.w.name, "request": i, "send_s": sent - self.t0,
+                "first_token_s": stamps[0] - self.t0, "finish_s": stamps[-1] - self.t0,
+                "ttft_ms": (stamps[0] - sent) * 1e3,
+                "tpot_ms": (stamps[-1] - stamps[0]) / (n_out - 1) * 1e3 if n_out > 1 else float("nan"),
+                "e2e_ms": (stamps[-1] - sent) * 1e3, "prompt_len": len(self.prompts[i]), "output_len": n_out}
+
+
+def run_workload(manager, workload: ServeWorkload, vocab: int, seed: int, timeout_s: float = 600.0) -> list[dict]:
+    """Drive one workload through a started ContinuousBatchingManager; one row per request, in finish order."""
+    return _Client(manager, workload, vocab, seed, timeout_s).run()
+
+
+def summarize(rows: list[dict], workloads: list[ServeWorkload]) -> list[dict]:
+    """Per workload: the settings, request count, TTFT/TPOT means and medians, output tokens per second."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    out = []
+    for w in workloads:
+        part = df[df["workload"] == w.name]
+        if part.empty:
+            continue
+        span = part["finish_s"].max() - part["send_s"].min()
+        out.append({**{k: v for k, v in asdict(w).items()}, "requests": len(part),
+                    "ttft_ms": part["ttft_ms"].mean(), "ttft_median_ms": part["ttft_ms"].median(),
+                    "tpot_ms": part["tpot_ms"].mean(), "tpot_median_ms": part["tpot_ms"].median(),
+                    "output_tokens_per_s": part["output_len"].sum() / span if span > 0 else float("nan")})
+    return out

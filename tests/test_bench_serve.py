@@ -1,0 +1,78 @@
+"""`kernelsight bench serve` (microbench/serving.py): workload checks, prompts, and a real continuous-batching
+run of transformers on the CPU with a tiny random model (the GPU run is the same code at full size)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from kernelsight.predictor import cli
+from kernelsight.predictor.errors import KernelsightError
+from kernelsight.microbench.serving import ServeWorkload, prompts
+
+TINY = ["device=cpu", "dtype=fp32", "model_overrides.num_hidden_layers=2", "model_overrides.hidden_size=64",
+        "model_overrides.intermediate_size=128", "model_overrides.num_attention_heads=4",
+        "model_overrides.num_key_value_heads=2", "model_overrides.head_dim=16", "model_overrides.vocab_size=256",
+        "engine.block_size=16", "engine.num_blocks=256", "engine.max_batch_tokens=256", "warmup_requests=2"]
+SMALL = ["only=[poisson_r12,closed_c8,closed_c32_prefix]",
+         "workloads.poisson_r12.isl=48", "workloads.poisson_r12.osl=6", "workloads.poisson_r12.num_requests=10",
+         "workloads.poisson_r12.rate=40",
+         "workloads.closed_c8.isl=48", "workloads.closed_c8.osl=6", "workloads.closed_c8.num_requests=20",
+         "workloads.closed_c8.concurrency=3",
+         "workloads.closed_c32_prefix.isl=64", "workloads.closed_c32_prefix.osl=5",
+         "workloads.closed_c32_prefix.num_requests=12", "workloads.closed_c32_prefix.concurrency=4",
+         "workloads.closed_c32_prefix.shared_prefix=32"]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"arrival": "burst", "isl": 8, "osl": 2, "num_requests": 4}, "arrival"),
+    ({"arrival": "poisson", "isl": 8, "osl": 2, "num_requests": 4}, "needs a positive rate"),
+    ({"arrival": "closed_loop", "isl": 8, "osl": 2, "num_requests": 4}, "at least 1 client"),
+    ({"arrival": "closed_loop", "concurrency": 2, "isl": 8, "osl": 2, "num_requests": 4, "shared_prefix": 8},
+     "must be below isl"),
+    ({"arrival": "poisson", "rate": 1, "isl": 0, "osl": 2, "num_requests": 4}, "isl"),
+    ({"arrival": "poisson", "rate": 1, "isl": 8, "osl": 2, "num_requests": 4, "think": 1}, "unknown setting"),
+])
+def test_bad_workloads_get_one_clear_line(spec, message):
+    with pytest.raises(KernelsightError, match=message):
+        ServeWorkload.from_mapping("w", spec)
+
+
+def test_prompts_share_exactly_the_prefix():
+    w = ServeWorkload.from_mapping("w", {"arrival": "poisson", "rate": 1, "isl": 40, "osl": 2, "num_requests": 5,
+                                         "shared_prefix": 16})
+    ps = prompts(w, vocab=1000, seed=0)
+    assert [len(p) for p in ps] == [40] * 5 and len({tuple(p[:16]) for p in ps}) == 1
+    assert len({tuple(p[16:]) for p in ps}) == 5 and prompts(w, 1000, 0) == ps  # unique tails, seeded
+
+
+def test_cpu_run_records_every_request_and_resumes(tmp_path, capsys):
+    cli.main(["bench", "serve", f"out={tmp_path}", "run_id=t", *TINY, *SMALL])
+    run = tmp_path / "cpu" / "t"
+    summary = pd.read_csv(run / "summary.csv")
+    assert list(summary["name"]) == ["poisson_r12", "closed_c8", "closed_c32_prefix"]
+    for name, n, osl in (("poisson_r12", 10, 6), ("closed_c8", 20, 6), ("closed_c32_prefix", 12, 5)):
+        rows = pd.read_parquet(run / f"{name}.parquet")
+        assert sorted(rows["request"]) == list(range(n)) and (rows["output_len"] == osl).all()
+        assert (rows["ttft_ms"] > 0).all() and (rows["tpot_ms"] > 0).all()
+        assert np.allclose(rows["e2e_ms"], rows["ttft_ms"] + rows["tpot_ms"] * (osl - 1))
+    closed = pd.read_parquet(run / "closed_c8.parquet")
+    in_flight = [((closed["send_s"] <= s) & (closed["finish_s"] > s)).sum() for s in closed["send_s"]]
+    assert max(in_flight) <= 3  # three clients: never more than three requests outstanding
+    env = json.loads((run / "run.json").read_text())
+    assert env["device"] == "cpu" and env["transformers"] and env["config"]["engine"]["max_batch_tokens"] == 256
+    capsys.readouterr()
+    cli.main(["bench", "serve", f"out={tmp_path}", "run_id=t", *TINY, *SMALL])
+    assert "3 already measured" in capsys.readouterr().out  # nothing re-run, summary rebuilt
+
+
+def test_bad_settings_are_one_line_errors(tmp_path, capsys):
+    for args, message in ((["device=cpu", "only=[nope]"], "only: unknown workload(s) nope"),
+                          (["device=tpu"], "device=tpu: must be cuda or cpu"),
+                          (["device=cpu", "dtype=int4", *TINY[2:], "only=[closed_c8]"], "dtype='int4'")):
+        with pytest.raises(SystemExit):
+            cli.main(["bench", "serve", f"out={tmp_path}", *args])
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
