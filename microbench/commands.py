@@ -415,6 +415,14 @@ def bench_serve(cfg: DictConfig) -> None:
         manager = model.init_continuous_batching(
             generation_config=GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0),
             continuous_batching_config=ContinuousBatchingConfig(**engine))
+        manager.warmup()  # sizes the cache (and captures CUDA graphs) before the clock starts
+        cache = manager.batch_processor.cache
+        resolved = {"block_size": cache.block_size, "num_blocks": cache.num_blocks,
+                    "max_batch_tokens": cache.max_batch_tokens,
+                    "use_cuda_graph": str(manager.continuous_batching_config.use_cuda_graph)}
+        tmp = run_dir / ".engine.json.tmp"
+        tmp.write_text(json.dumps(resolved, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        tmp.replace(run_dir / "engine.json")  # what the engine chose where the settings said null
         manager.start()
         try:
             vocab = int(model.config.vocab_size)
@@ -438,8 +446,11 @@ def bench_serve(cfg: DictConfig) -> None:
     summary.to_csv(run_dir / "summary.csv", index=False)
     env = capture_environment(device, OmegaConf.to_container(cfg, resolve=True))
     env["transformers"] = __import__("transformers").__version__
+    engine_file = run_dir / "engine.json"
+    env["engine_resolved"] = json.loads(engine_file.read_text(encoding="utf-8")) if engine_file.is_file() else None
     tmp = run_dir / ".run.json.tmp"
     tmp.write_text(json.dumps(env, indent=1, sort_keys=True, default=str) + "\n", encoding="utf-8")
     tmp.replace(run_dir / "run.json")
     print(summary.round(2).to_string(index=False))
-    print(f"wrote {run_dir}/summary.csv, run.json and one requests file per workload")
+    print(f"wrote {run_dir}/summary.csv, run.json (engine.json: the cache and token budget the engine chose) "
+          f"and one requests file per workload")
