@@ -416,10 +416,9 @@ def bench_serve(cfg: DictConfig) -> None:
             generation_config=GenerationConfig(do_sample=False, eos_token_id=-1, pad_token_id=0),
             continuous_batching_config=ContinuousBatchingConfig(**engine))
         manager.warmup()  # sizes the cache (and captures CUDA graphs) before the clock starts
-        cache = manager.batch_processor.cache
-        resolved = {"block_size": cache.block_size, "num_blocks": cache.num_blocks,
-                    "max_batch_tokens": cache.max_batch_tokens,
-                    "use_cuda_graph": str(manager.continuous_batching_config.use_cuda_graph)}
+        resolved = {k: getattr(manager.continuous_batching_config, k, None)  # filled in once the cache exists
+                    for k in ("block_size", "num_blocks", "max_batch_tokens", "scheduler_type", "use_cuda_graph")}
+        resolved = {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v) for k, v in resolved.items()}
         tmp = run_dir / ".engine.json.tmp"
         tmp.write_text(json.dumps(resolved, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         tmp.replace(run_dir / "engine.json")  # what the engine chose where the settings said null
