@@ -419,6 +419,7 @@ def bench_serve(cfg: DictConfig) -> None:
         resolved = {k: getattr(manager.continuous_batching_config, k, None)  # filled in once the cache exists
                     for k in ("block_size", "num_blocks", "max_batch_tokens", "scheduler_type", "use_cuda_graph")}
         resolved = {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v) for k, v in resolved.items()}
+        resolved["attn_implementation"] = model.config._attn_implementation
         tmp = run_dir / ".engine.json.tmp"
         tmp.write_text(json.dumps(resolved, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         tmp.replace(run_dir / "engine.json")  # what the engine chose where the settings said null

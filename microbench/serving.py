@@ -3,7 +3,7 @@
 Why: the simulator's scheduler and composition model are validated against vLLM rows whose launch flags
 and client settings are unknown (data/validation). A run we make ourselves records everything: the
 engine settings, the arrival process, and a timestamp per generated token. transformers 5.x batches
-requests continuously over a paged KV cache (`attn_implementation="paged|sdpa"`, chunked prefill, FIFO or
+requests continuously over a paged KV cache (paged SDPA or flash attention, chunked prefill, FIFO or
 prefill-first scheduling, prefix sharing); its `ContinuousBatchingManager` takes requests while running,
 which is what open-loop (Poisson) and closed-loop clients need.
 

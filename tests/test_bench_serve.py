@@ -64,6 +64,7 @@ def test_cpu_run_records_every_request_and_resumes(tmp_path, capsys):
     env = json.loads((run / "run.json").read_text())
     assert env["device"] == "cpu" and env["transformers"] and env["config"]["engine"]["max_batch_tokens"] == 256
     assert env["engine_resolved"]["max_batch_tokens"] == 256 and env["engine_resolved"]["block_size"] == 16
+    assert env["engine_resolved"]["attn_implementation"] in ("sdpa", "paged|sdpa")  # what ran (named per version)
     capsys.readouterr()
     cli.main(["bench", "serve", f"out={tmp_path}", "run_id=t", *TINY, *SMALL])
     assert "3 already measured" in capsys.readouterr().out  # nothing re-run, summary rebuilt
