@@ -1,8 +1,7 @@
 """Batched η prediction throughput on ONE core: kernels per second through Predictor.latency.
 
 The batch is what a serving simulation prices: projection GEMMs (m = tokens,
-n/k from common model widths), decode and prefill attention, norms and
-all-reduces, each family as one batched call, as the simulator makes them.
+n/k from common model widths), decode attention, norms and all-reduces, each family as one batched call, as the simulator makes them.
 Run: python benchmarks/bench_predict.py [--kernels 200000] [--gpu h100_sxm] [--tier auto]
 """
 from __future__ import annotations

@@ -53,6 +53,8 @@ class Block:
     rows: pd.DataFrame  # sweep columns + t_roof (s) + eta
     x: dict  # tier -> feature matrix
     groups: np.ndarray
+    cols: dict  # the family's shape columns
+    roof: dict  # their roofline columns on the block's GPU
 
     @property
     def eta(self) -> np.ndarray:
@@ -89,13 +91,12 @@ def build_blocks(rows: pd.DataFrame, block_rows: int, seed: int) -> dict:
     """(device, family) -> Block, each capped at block_rows by a seeded uniform sample."""
     blocks = {}
     for (device, family), part in rows.groupby(["device", "family"], sort=True):
-        if len(part) > block_rows:
-            keep = np.sort(np.random.default_rng(seed).choice(len(part), block_rows, replace=False))
-            part = part.iloc[keep]
+        part = part.iloc[_sample(len(part), block_rows, seed)]
         hw = load_hardware(device)
         cols = {c: part[c].to_numpy() for c in get_family(family).columns}
-        x = {tier: feature_matrix(family, tier, cols, hw) for tier in ("target", "cross")}
-        blocks[(device, family)] = Block(device, family, part, x, group_ids(family, part))
+        roof = roofline_columns(family, cols, hw)
+        x = {tier: feature_matrix(family, tier, cols, hw, roof) for tier in ("target", "cross")}
+        blocks[(device, family)] = Block(device, family, part, x, group_ids(family, part), cols, roof)
     return blocks
 
 
@@ -201,15 +202,12 @@ def evaluate_cross(blocks: dict, learner: dict, cap: int, seed: int, extra: dict
                     sibling_models[(d, family)] = EtaRegressor(family, "target", d, **learner).fit(sib.x["target"],
                                                                                                   sib.eta).model_
                 siblings.append((load_hardware(d), sibling_models[(d, family)]))
-            cols = {c: block.rows[c].to_numpy() for c in get_family(family).columns}
-            roof = roofline_columns(family, cols, hw)
-            path = {floor: cross_eta(family, cols, hw, roof, model.model_, siblings, floor=floor)
+            path = {floor: cross_eta(family, block.cols, hw, block.roof, model.model_, siblings, floor=floor)
                     for floor in (True, False)}
             idx = np.arange(len(block.rows))
             preds = {"lightgbm": path[True]["eta"], DIAGNOSTIC: path[False]["eta"],
                      NO_SIBLING: model.predict(block.x["cross"]), **_baselines(const, block, len(idx))}
-            sibling = np.char.endswith(path[True]["model"].astype(str), "(die sibling)")
-            out.append(_scored(block, idx, "cross", split, preds, sibling).assign(fold=-1))
+            out.append(_scored(block, idx, "cross", split, preds, path[True]["sibling"]).assign(fold=-1))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import os
 import socket
 import sys
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,7 +30,7 @@ from kernelsight.predictor.families import make_shape
 from kernelsight.predictor.families.collectives import algbw, busbw
 
 from .providers.base import TORCH_DTYPES, randn
-from .timing import stats
+from .timing import Clock, TimingConfig, stats
 
 
 @dataclass(frozen=True)
@@ -120,23 +119,6 @@ def legal_msg_bytes(op: str, msg_bytes: int, world: int, dtype: str) -> int:
     return max(per, msg_bytes // per * per)
 
 
-def _time_iterations(fn, n: int, device) -> list[float]:
-    if device.type == "cuda":
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-        for start, end in events:
-            start.record()
-            fn()
-            end.record()
-        torch.cuda.synchronize(device)
-        return [s.elapsed_time(e) for s, e in events]
-    out = []
-    for _ in range(n):
-        t0 = time.perf_counter_ns()
-        fn()
-        out.append((time.perf_counter_ns() - t0) / 1e6)
-    return out
-
-
 def measure_collective(row: dict, job: CollectiveJob, rank: int, world: int, device) -> dict:
     """Time one collective shape on every rank; rank 0 gets the row (others None)."""
     from .providers.base import relative_error
@@ -154,12 +136,13 @@ def measure_collective(row: dict, job: CollectiveJob, rank: int, world: int, dev
         if not worst.item() <= RTOL[dtype]:
             return {**row, **job.base_row, "status": "mismatch", "latency_ms": None,
                     "error": f"relative error {worst.item():.3g} > {dtype} bound {RTOL[dtype]:g}"} if rank == 0 else None
-    warm = _time_iterations(fn, max(job.warmup, 1), device)
+    clock = Clock(device, TimingConfig(l2="hot"))  # a collective's buffers are its own working set: no flush
+    warm = clock.time_calls(fn, max(job.warmup, 1))
     # every rank must run the same number of iterations: agree on the slowest warm-up
     per_call = torch.tensor([min(warm)], dtype=torch.float64, device=device)
     dist.all_reduce(per_call, op=dist.ReduceOp.MAX)
     reps = int(min(job.max_reps, max(job.min_reps, np.ceil(job.budget_ms / max(per_call.item(), 1e-4)))))
-    times = torch.tensor(_time_iterations(fn, reps, device), dtype=torch.float64, device=device)
+    times = torch.tensor(clock.time_calls(fn, reps), dtype=torch.float64, device=device)
     gathered = [torch.empty_like(times) for _ in range(world)]
     dist.all_gather(gathered, times)
     if rank != 0:

@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.hardware import load_hardware
 from kernelsight.predictor.paths import data_dir
+from kernelsight.sim.schema import plain
 
 DEFAULT_ESTIMATE_GPU = "h100_sxm"
 
@@ -38,15 +39,12 @@ def _device(cfg: DictConfig):
         raise KernelsightError(f"device={kind}: must be cuda or cpu")
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
-    if cfg.dry_run:
+    if cfg.get("dry_run"):
         hw = load_hardware(cfg.estimate_on or DEFAULT_ESTIMATE_GPU)
         return PlannedDevice(capability=tuple(int(x) for x in hw.compute_capability.split(".")))
-    raise KernelsightError(f"device=cuda but torch {torch.__version__} sees no CUDA GPU; "
-                           f"use device=cpu (with sweep=cpu), or dry_run=true to plan for a GPU")
-
-
-def _container(node):
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    hint = "(with sweep=cpu), or dry_run=true to plan for a GPU" if "dry_run" in cfg else \
+        "(with a small model_overrides) to try the pipeline"
+    raise KernelsightError(f"device=cuda but torch {torch.__version__} sees no CUDA GPU; use device=cpu {hint}")
 
 
 def build_plan(cfg: DictConfig, device):
@@ -71,7 +69,7 @@ def build_plan(cfg: DictConfig, device):
         check_selectors(own, family, where=f"{where}.providers")
         limit = float(spec.get("max_shape_bytes") or sweep.max_shape_bytes)
         shapes = []
-        for shape in expand_grid(family, _container(spec.grid), where=f"{where}.grid"):
+        for shape in expand_grid(family, plain(spec.grid), where=f"{where}.grid"):
             if shape.bytes > limit:
                 dropped[family] += 1
             else:
@@ -211,7 +209,7 @@ def bench(cfg: DictConfig) -> None:
         import torch
         torch.set_num_threads(1)
     sweep = cfg.sweep
-    timing = TimingConfig(**_container(sweep.timing))
+    timing = TimingConfig(**plain(sweep.timing))
     energy_for = energy_policy(sweep.get("energy") or {})
     energy_on = any(energy_for(f) for f in (sweep.families or {}))
     if energy_on and device.type != "cuda":
@@ -287,7 +285,7 @@ def estimate_seconds(cfg: DictConfig, items: list, collective_rows: list, hardwa
     sweep = cfg.sweep
     coll = sweep.get("collectives") or {}
     shapes = [make_shape(r["family"], **{k: v for k, v in r.items() if k != "family"}) for r in collective_rows]
-    return estimate(items, shapes, hardware, TimingConfig(**_container(sweep.timing)),
+    return estimate(items, shapes, hardware, TimingConfig(**plain(sweep.timing)),
                     energy_policy(sweep.get("energy") or {}), int(coll.get("max_reps", 0)),
                     int(coll.get("warmup", 0)))
 
@@ -338,6 +336,7 @@ def collectives_job_from_overrides(overrides: list[str]):
     from hydra import compose, initialize_config_dir
 
     from kernelsight.predictor.paths import conf_dir
+    from kernelsight.sim.commands import write_table
 
     from .environment import capture_environment, device_identity
     from .nvml import GpuMonitor
@@ -381,17 +380,12 @@ def bench_serve(cfg: DictConfig) -> None:
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     from kernelsight.predictor.paths import conf_dir
+    from kernelsight.sim.commands import write_table
 
     from .environment import capture_environment, device_identity
     from .serving import ServeWorkload, build_model, run_workload, summarize
 
-    kind = str(cfg.device)
-    if kind not in ("cuda", "cpu"):
-        raise KernelsightError(f"device={kind}: must be cuda or cpu")
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise KernelsightError(f"device=cuda but torch {torch.__version__} sees no CUDA GPU; use device=cpu "
-                               f"(with a small model_overrides) to try the pipeline")
-    device = torch.device("cuda", torch.cuda.current_device()) if kind == "cuda" else torch.device("cpu")
+    device = _device(cfg)
     specs = OmegaConf.to_container(cfg.workloads) or {}
     only = list(cfg.only) if cfg.only else list(specs)
     unknown = [name for name in only if name not in specs]
@@ -420,9 +414,7 @@ def bench_serve(cfg: DictConfig) -> None:
                     for k in ("block_size", "num_blocks", "max_batch_tokens", "scheduler_type", "use_cuda_graph")}
         resolved = {k: v if isinstance(v, (int, float, str, bool, type(None))) else str(v) for k, v in resolved.items()}
         resolved["attn_implementation"] = model.config._attn_implementation
-        tmp = run_dir / ".engine.json.tmp"
-        tmp.write_text(json.dumps(resolved, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        tmp.replace(run_dir / "engine.json")  # what the engine chose where the settings said null
+        _write_json(run_dir / "engine.json", resolved)  # what the engine chose where the settings said null
         manager.start()
         try:
             vocab = int(model.config.vocab_size)
@@ -433,9 +425,7 @@ def bench_serve(cfg: DictConfig) -> None:
             for i, w in enumerate(pending):
                 start = time.perf_counter()
                 rows = run_workload(manager, w, vocab, int(cfg.seed) + 1000 * (i + 1), float(cfg.timeout_s))
-                tmp = run_dir / f".{w.name}.parquet.tmp"
-                pd.DataFrame(rows).to_parquet(tmp, index=False)
-                tmp.replace(run_dir / f"{w.name}.parquet")  # a workload is kept whole or not at all
+                write_table(pd.DataFrame(rows), run_dir / f"{w.name}.parquet")  # a workload whole or not at all
                 print(f"  {w.name}: {len(rows)} requests in {time.perf_counter() - start:.1f} s")
         finally:
             manager.stop(block=True)
@@ -443,14 +433,19 @@ def bench_serve(cfg: DictConfig) -> None:
     summary = pd.DataFrame(summarize(rows.to_dict("records"), workloads))
     summary.insert(0, "model", cfg.model.name)
     summary.insert(1, "device", key)
-    summary.to_csv(run_dir / "summary.csv", index=False)
+    write_table(summary, run_dir / "summary.csv")
     env = capture_environment(device, OmegaConf.to_container(cfg, resolve=True))
     env["transformers"] = __import__("transformers").__version__
     engine_file = run_dir / "engine.json"
     env["engine_resolved"] = json.loads(engine_file.read_text(encoding="utf-8")) if engine_file.is_file() else None
-    tmp = run_dir / ".run.json.tmp"
-    tmp.write_text(json.dumps(env, indent=1, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    tmp.replace(run_dir / "run.json")
+    _write_json(run_dir / "run.json", env)
     print(summary.round(2).to_string(index=False))
     print(f"wrote {run_dir}/summary.csv, run.json (engine.json: the cache and token budget the engine chose) "
           f"and one requests file per workload")
+
+
+def _write_json(path: Path, obj) -> None:
+    """JSON written whole or not at all (temp file + rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)

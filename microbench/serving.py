@@ -93,7 +93,9 @@ def build_model(hf_config: str | Path, overrides: dict, dtype: str, device: str,
         if ids is not None and any(i >= merged.get("vocab_size", np.inf) for i in np.atleast_1d(ids)):
             merged[key] = None
     config = AutoConfig.for_model(model_type, **merged)
-    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}.get(dtype)
+    from .providers.base import TORCH_DTYPES
+
+    torch_dtype = TORCH_DTYPES.get(dtype) if dtype != "fp8" else None  # fp8: no fp8 random-weight models
     if torch_dtype is None:
         raise KernelsightError(f"dtype={dtype!r}; choose bf16, fp16 or fp32")
     torch.manual_seed(seed)
@@ -205,7 +207,7 @@ def summarize(rows: list[dict], workloads: list[ServeWorkload]) -> list[dict]:
         if part.empty:
             continue
         span = part["finish_s"].max() - part["send_s"].min()
-        out.append({**{k: v for k, v in asdict(w).items()}, "requests": len(part),
+        out.append({**asdict(w), "requests": len(part),
                     "ttft_ms": part["ttft_ms"].mean(), "ttft_median_ms": part["ttft_ms"].median(),
                     "tpot_ms": part["tpot_ms"].mean(), "tpot_median_ms": part["tpot_ms"].median(),
                     "output_tokens_per_s": part["output_len"].sum() / span if span > 0 else float("nan")})

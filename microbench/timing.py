@@ -87,7 +87,7 @@ class Clock:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
-    def _time_calls(self, fn: Callable[[], Any], n: int) -> list[float]:
+    def time_calls(self, fn: Callable[[], Any], n: int) -> list[float]:
         """n timed calls, each after a flush; milliseconds."""
         if self.cuda:
             events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
@@ -125,21 +125,21 @@ class Clock:
     def measure(self, fn: Callable[[], Any], graphable: bool = True) -> tuple[Stats, Callable[[], Any]]:
         """Statistics of fn and the callable that was timed (eager fn or its graph replay)."""
         cfg = self.cfg
-        warm = self._time_calls(fn, max(cfg.warmup, 1))
+        warm = self.time_calls(fn, max(cfg.warmup, 1))
         runner, graphed = fn, False
         if self.cuda and graphable and (cfg.cuda_graph == "on" or
                                         (cfg.cuda_graph == "auto" and min(warm) * 1e3 < cfg.graph_below_us)):
             replay = self._graph(fn)
             if replay is not None:
                 runner, graphed = replay, True
-                self._time_calls(runner, max(cfg.warmup, 1))
+                self.time_calls(runner, max(cfg.warmup, 1))
         samples: list[float] = []
         per_call = max(min(warm), 1e-4)
         while len(samples) < cfg.max_reps and (len(samples) < cfg.min_reps or sum(samples) < cfg.budget_ms):
             left_ms = max(cfg.budget_ms - sum(samples), 0.0)
             batch = min(cfg.max_reps - len(samples), max(cfg.min_reps - len(samples), 1,
                                                          math.ceil(left_ms / per_call)))
-            samples += self._time_calls(runner, batch)
+            samples += self.time_calls(runner, batch)
         return stats(samples, graphed), runner
 
 

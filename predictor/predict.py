@@ -32,10 +32,9 @@ from .errors import KernelsightError, did_you_mean
 from .features import feature_matrix
 from .hardware import Hardware, load_hardware
 from .roofline import roofline_columns, roofline_frame
-from .transfer import cross_eta, die_siblings
+from .transfer import ROOFLINE, cross_eta, die_siblings, take
 
-TIERS = ("auto", "target", "cross", "roofline")
-ROOFLINE = "roofline"
+TIERS = ("auto", "target", "cross", ROOFLINE)
 
 
 class Predictor:
@@ -85,14 +84,14 @@ class Predictor:
             return None, None, []
         target = b.model("target", family, key) if b.has("target", family, key) else None
         cross = b.model("cross", family) if b.has("cross", family) else None
-        siblings = [(load_hardware(d), b.model("target", family, d))
-                    for d in die_siblings(self.hw, b.target_devices(family))]
         if self.tier == "target":
             if target is None:
                 devices = ", ".join(b.target_devices(family)) or "none"
                 raise KernelsightError(f"bundle {b.path} has no target-tier {family} model for {key} "
                                        f"(GPUs with one: {devices}); use tier=cross or tier=auto")
             return target, None, []
+        siblings = [(load_hardware(d), b.model("target", family, d))
+                    for d in die_siblings(self.hw, b.target_devices(family))]
         if self.tier == "cross":
             if cross is None and not siblings:
                 raise KernelsightError(f"bundle {b.path} has no cross-device {family} model; "
@@ -116,7 +115,7 @@ class Predictor:
             x = feature_matrix(family, target.tier, cols, self.hw, roof)
             # auto: what the target sweep never held goes to the cross path, when there is one
             rows = ~target.unseen_category(x) if (cross is not None or siblings) else rest
-            out["eta"][rows], out["extrapolated"][rows] = target.eta(x[rows])
+            out["eta"][rows], out["extrapolated"][rows] = target.eta(x if rows.all() else x[rows])
             out["tier"][rows], out["model"][rows] = target.tier, target.label
             rest = ~rows
         if rest.any():
@@ -128,10 +127,9 @@ class Predictor:
         """The cross-device path (predictor/transfer.py) for `rows`."""
         idx = np.flatnonzero(rows)
         if not rows.all():
-            cols = {k: np.asarray(v).reshape(-1)[idx] for k, v in cols.items()}
-            roof = {k: np.asarray(v)[idx] for k, v in roof.items()}
+            cols, roof = take(cols, idx), take(roof, idx)
         res = cross_eta(family, cols, self.hw, roof, cross, siblings)
-        priced = res["model"] != ROOFLINE
+        priced = res["sibling"] | (cross is not None)
         out["eta"][idx], out["extrapolated"][idx], out["model"][idx] = res["eta"], res["extrapolated"], res["model"]
         out["tier"][idx[priced]] = "cross"
         if not priced.all() and family not in self._warned:

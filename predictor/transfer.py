@@ -18,7 +18,8 @@ kernel on the same SM design) carries over:
 
     t_D = t_roof_D + (t_S - t_roof_S),  i.e.  eta_D = 1 + (eta_S - 1) * t_roof_S / t_roof_D.
 
-Alternatives measured on the same leave-one-device-out folds, all worse:
+Alternatives tried on the same leave-one-device-out folds with one-off development scripts (not
+reproduced by a shipped command), all worse:
 carrying eta over unchanged (the whole time scales with the roofline) costs
 22 % MAPE on H100 GEMMs priced from H200 (6 % with the formula), because
 H200's extra bandwidth barely speeds up kernels far from their roofline;
@@ -43,6 +44,12 @@ from .hardware import Hardware, load_hardware
 from .roofline import roofline_columns
 
 SM_TOLERANCE = 0.05
+ROOFLINE = "roofline"  # model label (and tier) of kernels priced at η = 1
+
+
+def take(columns: Mapping, idx) -> dict:
+    """Rows `idx` (indices or a mask) of every column: kernel columns or roofline columns alike."""
+    return {k: np.asarray(v).reshape(-1)[idx] for k, v in columns.items()}
 
 
 def _peak(hw: Hardware) -> float | None:
@@ -68,8 +75,9 @@ def die_siblings(hw: Hardware | str, candidates) -> list[str]:
     return [key for _, key in sorted(out)]
 
 
-def sibling_eta(family: str, cols: Mapping, hw: Hardware, roof: Mapping, siblings, floor: bool = True) -> tuple:
-    """η on hw from die siblings' target models, for the rows a sibling covers.
+def sibling_eta(family: str, cols: Mapping, roof: Mapping, siblings, floor: bool = True) -> tuple:
+    """η on the GPU whose roofline columns are `roof`, from die siblings' target models, for the rows a
+    sibling covers.
 
     siblings: [(Hardware, EtaModel)] nearest first. Returns (eta, covered, source): η per row
     (1 where not covered), the covered mask and the sibling key that priced each row ('' if none).
@@ -86,7 +94,7 @@ def sibling_eta(family: str, cols: Mapping, hw: Hardware, roof: Mapping, sibling
         rows = np.flatnonzero(~covered)
         if rows.size == 0:
             break
-        sub = {k: np.asarray(v).reshape(-1)[rows] for k, v in cols.items()} if rows.size < n else cols
+        sub = take(cols, rows) if rows.size < n else cols
         sib_roof = roofline_columns(family, sub, sib_hw)
         x = feature_matrix(family, model.tier, sub, sib_hw, sib_roof)
         ok = ~model.out_of_range(x)
@@ -107,21 +115,20 @@ def cross_eta(family: str, cols: Mapping, hw: Hardware, roof: Mapping, cross, si
     """The cross-device path for kernels of a GPU without its own data: die siblings where they cover the
     kernel, the cross-device model (or η = 1 without one) for the rest.
 
-    Returns {eta, extrapolated, model} per row; model is the label of what priced the row.
+    Returns {eta, extrapolated, model, sibling} per row: model is the label of what priced the row, sibling
+    whether a die sibling did.
     """
     n = len(roof["t_roof"])
-    eta, covered, source = sibling_eta(family, cols, hw, roof, siblings, floor) if siblings else \
-        (np.ones(n), np.zeros(n, dtype=bool), np.full(n, "", dtype=object))
-    model = np.full(n, "roofline", dtype=object)
+    eta, covered, source = sibling_eta(family, cols, roof, siblings, floor)
+    model = np.full(n, ROOFLINE, dtype=object)
     model[covered] = [f"target/{d}/{family} (die sibling)" for d in source[covered]]
     extrapolated = ~covered
     left = np.flatnonzero(~covered)
     if left.size and cross is not None:
         from .features import feature_matrix
 
-        whole = left.size == n
-        sub = cols if whole else {k: np.asarray(v).reshape(-1)[left] for k, v in cols.items()}
-        sub_roof = roof if whole else {k: np.asarray(v)[left] for k, v in roof.items()}
-        eta[left], extrapolated[left] = cross.eta(feature_matrix(family, "cross", sub, hw, sub_roof), floor=floor)
+        if left.size < n:
+            cols, roof = take(cols, left), take(roof, left)
+        eta[left], extrapolated[left] = cross.eta(feature_matrix(family, "cross", cols, hw, roof), floor=floor)
         model[left] = cross.label
-    return {"eta": eta, "extrapolated": extrapolated, "model": model}
+    return {"eta": eta, "extrapolated": extrapolated, "model": model, "sibling": covered}

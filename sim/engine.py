@@ -115,7 +115,6 @@ class Engine:
         self.metrics = ServingMetrics(slo_ms)
         self.recorder = recorder            # report.Recorder: per-step and per-request outputs
         self.breakdown = breakdown          # report.BreakdownAccumulator: GPU time per kernel family
-        self.num_steps = 0
         self.in_system = 0          # sent and not finished
         self.max_in_system = 0
         self.area_in_system = 0.0   # integral of in_system over time
@@ -182,7 +181,6 @@ class Engine:
 
     def _send(self, req: Request, t: float) -> None:
         req.arrival_time = t
-        req.queued_since = t
         self.metrics.record_arrival(t)
         replica = self.router.route(req)
         total = req.prompt_len + req.output_len
@@ -234,7 +232,6 @@ class Engine:
         self._push(end, COMPLETE, step, replica)
         if len(replica.inflight) < replica.depth:
             self._wake(replica, ready)
-        self.num_steps += 1
         usage = replica.kv.usage
         self.kv_usage_sum += usage
         if usage > self.kv_usage_max:
@@ -263,15 +260,16 @@ class Engine:
     # ----- results -----
     def summary(self) -> dict:
         out = self.metrics.summary()
+        num_steps = sum(r.scheduler.num_steps for r in self.replicas)
         m = self.metrics
         d = m.duration
         kvs = [r.kv for r in self.replicas]
         queries = sum(kv.prefix_queries for kv in kvs)
         out.update({
-            "num_steps": self.num_steps,
+            "num_steps": num_steps,
             "preemptions": sum(r.scheduler.num_preemptions for r in self.replicas),
             "prefix_cache_hit_rate": sum(kv.prefix_hits for kv in kvs) / queries if queries else 0.0,
-            "kv_usage_mean": self.kv_usage_sum / self.num_steps if self.num_steps else 0.0,
+            "kv_usage_mean": self.kv_usage_sum / num_steps if num_steps else 0.0,
             "kv_usage_max": self.kv_usage_max,
             "kv_blocks_per_replica": kvs[0].num_blocks,
             "max_concurrent_requests": self.max_in_system,

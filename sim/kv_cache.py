@@ -124,12 +124,6 @@ class KVCacheManager:
     def _lookup(self, h: int) -> int | None:
         return self._cached.get(h)
 
-    def _cache(self, h: int, block: int) -> None:
-        if h in self._cached:
-            self._dupes.setdefault(h, []).append(block)
-        else:
-            self._cached[h] = block
-
     def _uncache(self, h: int, block: int) -> None:
         if self._cached[h] == block:
             extra = self._dupes.get(h)
@@ -147,14 +141,7 @@ class KVCacheManager:
 
     def num_cached_prefix_blocks(self, request: Request, num_known: int) -> int:
         """How many leading full blocks of the request's known tokens are cached (no side effects)."""
-        if not self.enable_caching:
-            return 0
-        bs = self.block_size
-        limit = (num_known - 1) // bs
-        n = 0
-        while n < limit and self._lookup(request.block_hash(n, bs)) is not None:
-            n += 1
-        return n
+        return len(self.get_computed_blocks(request, num_known))
 
     def get_computed_blocks(self, request: Request, num_known: int) -> list[int]:
         """Cached blocks of the longest cached prefix (at most num_known - 1 tokens); no ref taken."""

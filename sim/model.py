@@ -106,10 +106,6 @@ class ModelConfig:
         """Activation dtype: fp16 for fp16 checkpoints, bf16 otherwise (FP8 models compute in bf16)."""
         return "fp16" if self.weight_dtype == "fp16" else "bf16"
 
-    @property
-    def is_moe(self) -> bool:
-        return self.moe is not None
-
     def layer_kinds(self) -> tuple[LayerKind, ...]:
         """Layer groups with identical attention (all linear layers are identical across layers)."""
         if self.sliding_layers == "all":

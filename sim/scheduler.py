@@ -66,6 +66,13 @@ class SchedulerConfig:
         if self.long_prefill_token_threshold < 0:
             raise ValueError("scheduler.long_prefill_token_threshold must be >= 0")
 
+    @classmethod
+    def from_engine(cls, engine) -> "SchedulerConfig":
+        """From an engine profile (sim/engine_profile.py): its scheduler section, by name, and host.async_scheduling."""
+        s = engine.scheduler
+        return cls(**{f: getattr(s, f) for f in cls.__dataclass_fields__ if f != "async_scheduling"},
+                   async_scheduling=engine.host.async_scheduling)
+
 
 class ScheduledStep:
     """What one schedule() call decided: the batch to price and who gets which tokens."""

@@ -32,7 +32,7 @@ from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.hardware import Hardware
 from kernelsight.predictor.predict import Predictor
 
-from .commands import typed_configs
+from .commands import typed_configs, write_table
 from .engine import Engine, Replica, build_replicas
 from .engine_profile import EngineProfile
 from .memory import kv_cache_blocks
@@ -82,19 +82,16 @@ def build_setup(cfg) -> Setup:
     if blocks < 2:
         raise KernelsightError(f"model {model.name} on {hw.key}: only {blocks} KV block fits; "
                                f"nothing is left beside vLLM's null block")
-    s = engine.scheduler
-    sched = SchedulerConfig(s.max_num_batched_tokens, s.max_num_seqs, s.block_size, s.enable_prefix_caching,
-                            s.enable_chunked_prefill, s.long_prefill_token_threshold,
-                            engine.host.async_scheduling)
+    sched = SchedulerConfig.from_engine(engine)
     pred = plain(cfg.predictor)
     predictor = Predictor(hw, tier=pred.get("tier", "auto"), bundle=pred.get("bundle"))
     pricer = StepPricer(model, hw, engine, parallel, predictor)
     max_len = int(cfg.max_model_len) if cfg.max_model_len else model.max_position
     if max_len < 2:
         raise KernelsightError(f"max_model_len={cfg.max_model_len}: must be >= 2")
-    if not s.enable_chunked_prefill and s.max_num_batched_tokens < max_len:
+    if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < max_len:
         raise KernelsightError(f"without chunked prefill a whole prompt must fit one step: "
-                               f"scheduler.max_num_batched_tokens={s.max_num_batched_tokens} < max_model_len="
+                               f"scheduler.max_num_batched_tokens={sched.max_num_batched_tokens} < max_model_len="
                                f"{max_len} (vLLM refuses this too); raise it or set max_model_len")
     return Setup(model, hw, engine, parallel, pricer, sched, blocks - 1, max_len, workload)
 
@@ -241,8 +238,6 @@ def append_result(table: Path, row: dict, job: int | None) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         rows = [json.loads(p.read_text()) for p in sorted(parts.glob("*.json"))]
         df = pd.DataFrame(rows)
-        df.to_csv(table.with_suffix(".csv.tmp"), index=False)
-        os.replace(table.with_suffix(".csv.tmp"), table)
-        df.to_parquet(table.with_suffix(".parquet.tmp"), index=False)
-        os.replace(table.with_suffix(".parquet.tmp"), table.with_suffix(".parquet"))
+        write_table(df, table)
+        write_table(df, table.with_suffix(".parquet"))
     return table

@@ -27,16 +27,12 @@ from kernelsight.predictor.hardware import load_hardware  # noqa: E402
 from kernelsight.predictor.paths import conf_dir  # noqa: E402
 from kernelsight.predictor.sweep import read_environment, read_sweep, sweep_files  # noqa: E402
 
-BENCH = cli.Command("kernelsight.microbench.commands:bench", "collect a sweep")
-REPORT = cli.Command("kernelsight.microbench.commands:bench_report", "report a sweep", positional="sweep_file")
 CPU = ["sweep=cpu", "device=cpu", "progress=false"]
 
 
 @pytest.fixture
 def kernelsight(monkeypatch):
-    """Run `kernelsight bench ...` in process (the lead wires the same COMMANDS entries)."""
-    monkeypatch.setitem(cli.COMMANDS, "bench", BENCH)
-    monkeypatch.setitem(cli.COMMANDS, "bench report", REPORT)
+    """Run `kernelsight bench ...` in process."""
     monkeypatch.setattr(sys, "argv", list(sys.argv))
     return cli.main
 
@@ -51,7 +47,6 @@ def cpu_sweep(tmp_path_factory):
     """The whole cpu grid, kernels and gloo collectives, once for the module."""
     out = tmp_path_factory.mktemp("sweeps")
     mp = pytest.MonkeyPatch()
-    mp.setitem(cli.COMMANDS, "bench", BENCH)
     mp.setattr(sys, "argv", list(sys.argv))
     try:
         cli.main(["bench", *CPU, f"out={out}", "sweep_id=s1"])
@@ -171,7 +166,6 @@ def test_errors_become_failed_rows_and_the_sweep_goes_on(kernelsight, monkeypatc
 RUNNER = textwrap.dedent("""
     import sys
     from kernelsight.predictor import cli
-    cli.COMMANDS["bench"] = cli.Command("kernelsight.microbench.commands:bench", "collect a sweep")
     if __name__ == "__main__":
         cli.main(sys.argv[1:])
 """)

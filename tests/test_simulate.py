@@ -18,10 +18,7 @@ from kernelsight.sim.scheduler import SchedulerConfig
 from kernelsight.sim.simulate import append_result, simulate
 from kernelsight.sim.workload import Workload, WorkloadConfig
 
-# Until the lead registers the command, the tests register it the same way cli.COMMANDS will.
-CLI = ("import sys; from kernelsight.predictor import cli; "
-       "cli.COMMANDS.setdefault('simulate', cli.Command('kernelsight.sim.simulate:simulate', 'simulate')); "
-       "cli.main(['simulate', *sys.argv[1:]])")
+CLI = "import sys; from kernelsight.predictor import cli; cli.main(['simulate', *sys.argv[1:]])"
 
 
 class LinearPricer:

@@ -39,7 +39,7 @@ def test_roofline_part_moves_with_the_roofline_and_the_gap_carries_over():
     cols = {"m": np.array([1, 16, 512, 4096]), "n": np.array([4096] * 4), "k": np.array([4096] * 4),
             "dtype": np.array(["bf16"] * 4, dtype=object)}
     roof_d = roofline_columns("gemm", cols, H100)
-    eta, covered, source = sibling_eta("gemm", cols, H100, roof_d, [(H200, model)])
+    eta, covered, source = sibling_eta("gemm", cols, roof_d, [(H200, model)])
     assert covered.all() and set(source) == {"h200_sxm"}
     roof_s = roofline_columns("gemm", cols, H200)
     eta_s, _ = model.eta(feature_matrix("gemm", "target", cols, H200, roof_s))
@@ -80,7 +80,7 @@ def test_leave_one_device_out_scores_what_the_predictors_cross_path_prices():
     sibling = EtaRegressor("gemm", "target", "h200_sxm", **FAST_LEARNER).fit(block.x["target"], block.eta).model_
     test = blocks[("h100_sxm", "gemm")].rows
     cols = {c: test[c].to_numpy() for c in COLS}
-    eta, covered, _ = sibling_eta("gemm", cols, H100, roofline_columns("gemm", cols, H100), [(H200, sibling)])
+    eta, covered, _ = sibling_eta("gemm", cols, roofline_columns("gemm", cols, H100), [(H200, sibling)])
     assert np.array_equal(covered, h100["sibling"].to_numpy())
     assert np.allclose(h100["pred_lightgbm"][covered], h100["t_roof_ms"][covered] * eta[covered])
     # the LightGBM cross model alone is scored beside it (synthetic η here is device-independent by

@@ -288,9 +288,7 @@ def test_readme_block_rewrite_is_idempotent_and_keeps_the_rest(tmp_path):
     assert "markers" in one_line_error(rep.rewrite_readme, tmp_path / "plain.md", block)
 
 
-def test_validate_command_end_to_end_on_two_rows(capsys, monkeypatch, tmp_path):
-    monkeypatch.setitem(cli.COMMANDS, "validate", cli.Command("kernelsight.sim.validate.commands:validate",
-                                                              "end-to-end validation", positional="csv"))
+def test_validate_command_end_to_end_on_two_rows(capsys, tmp_path):
     table, report = tmp_path / "rows.json", tmp_path / "validation.md"
     readme = tmp_path / "README.md"
     readme.write_text(f"x\n{rep.README_START}\n{rep.README_END}\n")
@@ -310,9 +308,7 @@ def test_validate_command_end_to_end_on_two_rows(capsys, monkeypatch, tmp_path):
     assert "report:" in out
 
 
-def test_validate_command_bad_csv_row_is_one_line(capsys, monkeypatch, tmp_path):
-    monkeypatch.setitem(cli.COMMANDS, "validate", cli.Command("kernelsight.sim.validate.commands:validate",
-                                                              "end-to-end validation", positional="csv"))
+def test_validate_command_bad_csv_row_is_one_line(capsys, tmp_path):
     path = write_csv(tmp_path, GOOD, "b,Qwen/Qwen3-32B,bf16,h100_sxm,1024,128,0,2,154.2,18.0")
     with pytest.raises(SystemExit) as e:
         cli.main(["validate", str(path)])

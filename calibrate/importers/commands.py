@@ -10,12 +10,10 @@ import time
 from pathlib import Path
 
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from kernelsight.predictor.errors import KernelsightError, did_you_mean
 from kernelsight.predictor.paths import data_dir
-from kernelsight.predictor.sweep import read_environment, sweep_files
+from kernelsight.predictor.sweep import read_sweep, sweep_files
 
 from . import aiconfigurator, neusight, vidur
 from .common import format_report, write_public
@@ -65,7 +63,8 @@ def data_summary(cfg) -> pd.DataFrame:
         if not roots:
             raise KernelsightError(f"{data_dir()}: holds neither public/ nor sweeps/ (run `kernelsight import` "
                                    f"or a sweep first, or pass path=)")
-    frames = [_summary_columns(f) for root in roots for f in sweep_files(root)]
+    # only the columns the summary needs: whole sweeps take seconds per million rows to read into pandas
+    frames = [read_sweep(f, columns=SUMMARY_COLUMNS) for root in roots for f in sweep_files(root)]
     summary = summarize(pd.concat(frames, ignore_index=True))
     print(f"rows in {', '.join(map(str, roots))}")
     print(summary.to_string(index=False))
@@ -73,16 +72,6 @@ def data_summary(cfg) -> pd.DataFrame:
 
 
 SUMMARY_COLUMNS = ["device", "family", "status", "flags", "source"]
-
-
-def _summary_columns(path: Path) -> pd.DataFrame:
-    """The few columns the summary needs (reading whole sweeps into pandas takes seconds per million rows)."""
-    read_environment(path)  # checks it is a kernelsight sweep of a readable schema version
-    try:
-        return pq.read_table(path, columns=SUMMARY_COLUMNS).to_pandas()
-    except (pa.ArrowInvalid, OSError) as e:
-        raise KernelsightError(f"{path}: not a readable Parquet file (truncated or corrupt?): "
-                               f"{str(e).splitlines()[0]}") from None
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:

@@ -31,10 +31,6 @@ def get_bench(family: str) -> FamilyBench:
     return BENCHES[family]
 
 
-def provider_names() -> list[str]:
-    return sorted({p.name for b in BENCHES.values() for p in b.providers})
-
-
 def _matches(selector: str, provider: Provider) -> bool:
     return selector in (provider.name, provider.library)
 
@@ -67,4 +63,4 @@ def select(family: str, selectors, device: torch.device) -> tuple[list[Provider]
     return chosen, unavailable
 
 
-__all__ = ["BENCHES", "FamilyBench", "Provider", "check_selectors", "get_bench", "provider_names", "select"]
+__all__ = ["BENCHES", "FamilyBench", "Provider", "check_selectors", "get_bench", "select"]

@@ -174,13 +174,13 @@ def validate(cfg) -> pd.DataFrame:
         logs = simulate_rows(jobs, int(cfg.jobs))
         wall = time.perf_counter() - t0
         steps = sum(len(log.gpu_s) for log in logs)
+        loop_s = sum(log.wall_s for log in logs)
         timing.append(f"tier {tier.name}: {len(rows)} rows, {steps:,} engine steps simulated in {wall:.0f} s wall "
-                      f"({sum(log.wall_s for log in logs):.0f} s in the event loops, "
-                      f"{steps / max(sum(log.wall_s for log in logs), 1e-9):,.0f} steps/s per process, "
+                      f"({loop_s:.0f} s in the event loops, {steps / max(loop_s, 1e-9):,.0f} steps/s per process, "
                       f"{cfg.jobs} processes)")
         warned[tier.name] = sorted({w for log in logs for w in log.warnings})
-        lins = [comp.linearize(log, engine.host, comp.measured_requests(log, r.concurrency, settings.warmup_rounds))
-                for r, log in zip(rows, logs)]
+        masks = [comp.measured_requests(log, r.concurrency, settings.warmup_rounds) for r, log in zip(rows, logs)]
+        lins = [comp.linearize(log, engine.host, mask) for log, mask in zip(logs, masks)]
         simulated = comp.predict(lins, {})
         heldout, thetas = (comp.leave_one_group_out(lins, measured, groups, params, metrics)
                            if len(set(groups)) > 1 else (np.full_like(simulated, np.nan), {}))
@@ -197,11 +197,8 @@ def validate(cfg) -> pd.DataFrame:
             "ttft_simulated": simulated[:, 0], "tpot_simulated": simulated[:, 1],
             "ttft_heldout": heldout[:, 0], "tpot_heldout": heldout[:, 1],
             "requests": [len(log.request_id) for log in logs],
-            "measured_requests": [int(comp.measured_requests(log, r.concurrency, settings.warmup_rounds).sum())
-                                  for r, log in zip(rows, logs)],
-            "first_token_group": [first_token_group(log, comp.measured_requests(log, r.concurrency,
-                                                                                settings.warmup_rounds))
-                                  for r, log in zip(rows, logs)],
+            "measured_requests": [int(mask.sum()) for mask in masks],
+            "first_token_group": [first_token_group(log, mask) for log, mask in zip(logs, masks)],
             "steps": [len(log.gpu_s) for log in logs], "kv_blocks": [log.kv_blocks for log in logs],
             "preemptions": [log.summary.get("preemptions", 0) for log in logs],
             "wall_s": [log.wall_s for log in logs]})
@@ -266,10 +263,10 @@ def _protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mapping
 
 def _sibling_note(tier: Tier, devices) -> str:
     """Which die siblings' target models the cross tier prices each validated GPU with (predictor/transfer.py)."""
-    from kernelsight.predictor.bundle import load_bundle
+    from kernelsight.predictor.bundle import shared_bundle
     from kernelsight.predictor.transfer import die_siblings
 
-    bundle = load_bundle(tier.bundle) if tier.bundle else load_bundle()
+    bundle = shared_bundle(tier.bundle)
     measured = sorted({m["device"] for m in bundle.manifest["models"].values() if m["tier"] == "target"})
     notes = [f"{d} from {', '.join(sib)}" for d in devices if (sib := die_siblings(d, measured))]
     if not notes:

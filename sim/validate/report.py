@@ -27,6 +27,11 @@ TIER_TITLES = {"target": "target (η with H100 kernel data)", "cross": "cross-de
 README_START, README_END = "<!-- accuracy:start -->", "<!-- accuracy:end -->"
 
 
+def trio(d: dict) -> str:
+    """'TPOT / TTFT / throughput' of a {metric: %} mapping."""
+    return " / ".join(f"{d[m]:g}" for m in ("tpot", "ttft", "throughput")) if d else "n/a"
+
+
 def add_errors(df: pd.DataFrame) -> pd.DataFrame:
     """Signed and absolute % errors of every (metric, kind) prediction column present."""
     df = df.copy()
@@ -87,8 +92,6 @@ def readme_block(head: pd.DataFrame) -> str:
     for r in head[head["kind"] == "heldout"].itertuples(index=False):
         paper, target = SEED_PAPER.get(r.tier, {}), TARGETS.get(r.tier, {})
 
-        def trio(d):
-            return " / ".join(f"{d[m]:g}" for m in ("tpot", "ttft", "throughput")) if d else "n/a"
         lines.append(f"| {TIER_TITLES.get(r.tier, r.tier)} | {r.tpot:.1f} | {r.ttft:.1f} | {r.throughput:.1f} | "
                      f"{trio(paper)} | <= {trio(target)} |")
     lines.append(README_END)
@@ -166,8 +169,9 @@ def markdown_report(df: pd.DataFrame, head: pd.DataFrame, context: dict, plots: 
            f"Errors are 100 x (predicted / measured - 1); medians are of absolute errors unless marked signed.", ""]
     out += ["## Headline: median absolute error (%)", "",
             _md(head.assign(kind=head["kind"].map(KINDS)).rename(columns=METRIC_NAMES)), "",
-            "Seed paper: target tier 6.2 / 14.3 / 2.7 % (TPOT / TTFT / throughput), cross-device 12.8 / 15.4 / "
-            "3.0 %. Targets of issue 6: target tier <= 6 / 12 / 3 %, cross-device <= 12 / 15 / 5 %.", ""]
+            f"Seed paper: target tier {trio(SEED_PAPER['target'])} % (TPOT / TTFT / throughput), cross-device "
+            f"{trio(SEED_PAPER['cross'])} %. Targets of issue 6: target tier <= {trio(TARGETS['target'])} %, "
+            f"cross-device <= {trio(TARGETS['cross'])} %.", ""]
     out += ["## Protocol", ""] + [f"- {line}" for line in context["protocol"]] + [""]
     for tier in df["tier"].unique():
         g = df[df["tier"] == tier]

@@ -35,7 +35,6 @@ from kernelsight.sim.parallel import ParallelConfig
 
 REQUIRED = ("model_path", "precision", "system", "isl", "osl", "concurrency", "tp_size", "ttft_ms", "tpot_ms")
 INTEGER_COLUMNS = ("isl", "osl", "concurrency", "tp_size")
-MEASURED = ("ttft_ms", "tpot_ms")
 # Concurrency bands of the report: [low, high) client counts.
 BANDS = ((1, 16, "c<16"), (16, 64, "16<=c<64"), (64, 10**9, "c>=64"))
 
