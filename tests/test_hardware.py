@@ -23,7 +23,7 @@ from kernelsight.predictor.hardware import (
 )
 from kernelsight.predictor.paths import conf_dir, data_dir
 
-SHARED_CSV = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpu_specs.csv"
+SPECS_CSV = conf_dir() / "hardware" / "gpu_specs.csv"  # the catalog's source table, shipped beside it
 
 # Raw device names in the reference data: aiconfigurator `device`, NeuSight `Device`, Vidur folders.
 RAW_NAMES = {
@@ -103,12 +103,11 @@ def test_catalog_has_26_entries():
     assert keys == sorted(keys) == sorted(load_catalog())
 
 
-@pytest.mark.skipif(not SHARED_CSV.exists(), reason="reference gpu_specs.csv not available")
 def test_catalog_matches_csv(tmp_path):
     """The shipped YAML is what the converter produces from the CSV (no hand-edited numbers)."""
-    with SHARED_CSV.open(newline="") as handle:
+    with SPECS_CSV.open(newline="") as handle:
         assert sorted(r["key"] for r in csv.DictReader(handle)) == list_hardware()
-    convert_gpu_specs(SHARED_CSV, tmp_path)
+    convert_gpu_specs(SPECS_CSV, tmp_path)
     regenerated = load_catalog(tmp_path)
     shipped = load_catalog()
     for key, hw in shipped.items():
