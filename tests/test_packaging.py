@@ -27,8 +27,8 @@ def test_wheel_installs_one_namespace_with_configs_and_data(wheel):
     assert "kernelsight/predictor/families/gemm.py" in names
     assert "kernelsight/conf/hardware/h100_sxm.yaml" in names
     assert "kernelsight/conf/_hydra.yaml" in names
-    hardware = [n for n in names if n.startswith("kernelsight/conf/hardware/")]
-    assert len(hardware) == 26
+    hardware = [n for n in names if n.startswith("kernelsight/conf/hardware/") and n.endswith(".yaml")]
+    assert len(hardware) == 26 and "kernelsight/conf/hardware/gpu_specs.csv" in names  # the catalog and its source
     assert any(n.startswith("kernelsight/data/public/") for n in names)
     assert any(n.startswith("kernelsight/data/artifacts/") for n in names)
     assert not [n for n in names if n.endswith((".pkl", ".pickle", ".joblib"))]
