@@ -257,3 +257,16 @@ def test_timing_statistics_on_cpu():
     stats, runner = clock.measure(sleep_2ms)
     assert 5 <= stats.samples <= 8 and runner is sleep_2ms and not stats.cuda_graph
     assert 2.0 <= stats.p10_ms <= stats.median_ms <= stats.p90_ms < 20
+
+
+def test_cuda_only_providers_are_unavailable_on_the_cpu_and_planned_for_a_gpu():
+    """CUDA-only libraries say so once per provider (not per shape); a planned GPU keeps them."""
+    cpu = torch.device("cpu")
+    cuda_only = [p for bench in BENCHES.values() for p in bench.providers if p.cuda_only]
+    assert {p.library for p in cuda_only} >= {"vllm", "flashinfer", "flash_attn"}
+    for p in cuda_only:
+        why = p.unavailable(cpu)
+        assert why in (f"{p.requires} is not installed", f"{p.library} runs on CUDA only"), (p.name, why)
+    probe = Provider("vllm.probe", lambda shape, inputs: None, requires="torch", cuda_only=True)
+    assert probe.unavailable(cpu) == "vllm runs on CUDA only"
+    assert probe.unavailable(PlannedDevice((9, 0))) is None

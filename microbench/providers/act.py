@@ -49,5 +49,4 @@ BENCH = FamilyBench(
     family="act", make_inputs=make_inputs, reference=reference,
     providers=(Provider("torch.act", _torch_build),
                Provider("triton.act_and_mul", _triton_build),
-               Provider("vllm.act_and_mul", _vllm_build, requires="vllm",
-                        supports=lambda s, d: "vLLM custom ops run on CUDA only" if d.type != "cuda" else None)))
+               Provider("vllm.act_and_mul", _vllm_build, requires="vllm", cuda_only=True)))

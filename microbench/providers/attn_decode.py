@@ -102,8 +102,6 @@ def _flashinfer_build(shape, inputs):
 
 
 def _flashinfer_supports(shape, device):
-    if device.type != "cuda":
-        return "flashinfer runs on CUDA only"
     if shape.kv_dtype != shape.dtype or shape.dtype not in ("fp16", "bf16"):
         return "flashinfer provider covers fp16/bf16 caches"
     return None
@@ -115,4 +113,4 @@ BENCH = FamilyBench(
                Provider("torch.gather_sdpa", _torch_build, supports=_kv_supports,
                         unpack=lambda shape, inputs, out: out.squeeze(2)),
                Provider("flashinfer.decode", _flashinfer_build, supports=_flashinfer_supports,
-                        requires="flashinfer")))
+                        requires="flashinfer", cuda_only=True)))

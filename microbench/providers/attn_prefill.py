@@ -152,8 +152,6 @@ def _flash_attn_build(shape, inputs):
 
 
 def _flash_attn_supports(shape, device):
-    if device.type != "cuda":
-        return "flash_attn runs on CUDA only"
     if shape.dtype not in ("fp16", "bf16"):
         return "flash_attn takes fp16/bf16"
     return _supports_common(shape)
@@ -164,4 +162,4 @@ BENCH = FamilyBench(
     providers=(*(_sdpa(b) for b in ("flash", "efficient", "cudnn", "math")),
                Provider("triton.prefill_attention", _triton_build, supports=_triton_supports),
                Provider("flash_attn.varlen", _flash_attn_build, supports=_flash_attn_supports,
-                        requires="flash_attn")))
+                        requires="flash_attn", cuda_only=True)))

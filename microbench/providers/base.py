@@ -41,6 +41,7 @@ class Provider:
         reference layout; runs after the timed call, never inside it.
     options: variant parameters the family reference needs too (e.g. the RoPE layout).
     graphable: False when the call syncs with the host (cannot be captured in a CUDA graph).
+    cuda_only: the library has CUDA kernels only (no CPU path): unavailable on any other device.
     """
 
     name: str
@@ -51,6 +52,7 @@ class Provider:
     unpack: Callable[[Shape, dict, Any], Any] = _identity
     options: Mapping = field(default_factory=dict)
     graphable: bool = True
+    cuda_only: bool = False
 
     @property
     def library(self) -> str:
@@ -62,6 +64,8 @@ class Provider:
             return None
         if self.requires and importlib.util.find_spec(self.requires) is None:
             return f"{self.requires} is not installed"
+        if self.cuda_only and device.type != "cuda":
+            return f"{self.library} runs on CUDA only"
         if self.library == "triton":
             from kernelsight.microbench.triton_kernels import interpreting
             if importlib.util.find_spec("triton") is None:

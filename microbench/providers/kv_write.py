@@ -87,12 +87,8 @@ def _vllm_build(shape, inputs):
     return lambda: ops.reshape_and_cache_flash(*args, kind, ks, vs)
 
 
-def _vllm_supports(shape, device):
-    return "vLLM custom ops run on CUDA only" if device.type != "cuda" else _supports(shape, device)
-
-
 BENCH = FamilyBench(
     family="kv_write", make_inputs=make_inputs, reference=reference, observe=observe,
     providers=(Provider("triton.reshape_and_cache", _triton_build, supports=_supports),
                Provider("torch.index_copy", _torch_build, supports=_supports),
-               Provider("vllm.reshape_and_cache_flash", _vllm_build, supports=_vllm_supports, requires="vllm")))
+               Provider("vllm.reshape_and_cache_flash", _vllm_build, supports=_supports, requires="vllm", cuda_only=True)))

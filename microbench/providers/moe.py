@@ -70,11 +70,7 @@ def _vllm_build(shape, inputs):
     return lambda: fused_moe(x, w1, w2, logits, shape.top_k, renormalize=True)
 
 
-def _vllm_supports(shape, device):
-    return "vLLM fused_moe runs on CUDA only" if device.type != "cuda" else _dense_dtype(shape, device)
-
-
 BENCH = FamilyBench(
     family="moe", make_inputs=make_inputs, reference=reference,
     providers=(Provider("torch.moe_loop", _torch_build, supports=_dense_dtype, graphable=False),
-               Provider("vllm.fused_moe", _vllm_build, supports=_vllm_supports, requires="vllm")))
+               Provider("vllm.fused_moe", _vllm_build, supports=_dense_dtype, requires="vllm", cuda_only=True)))

@@ -82,12 +82,8 @@ def _vllm_build(shape, inputs):
     return run_fused
 
 
-def _vllm_supports(shape, device):
-    return "vLLM custom ops run on CUDA only" if device.type != "cuda" else _rms_only(shape, device)
-
-
 BENCH = FamilyBench(
     family="norm", make_inputs=make_inputs, reference=reference,
     providers=(Provider("torch.norm", _torch_build),
                Provider("triton.rms_norm", _triton_build, supports=_rms_only),
-               Provider("vllm.rms_norm", _vllm_build, supports=_vllm_supports, requires="vllm")))
+               Provider("vllm.rms_norm", _vllm_build, supports=_rms_only, requires="vllm", cuda_only=True)))

@@ -82,10 +82,6 @@ def _vllm_build(neox):
     return build
 
 
-def _cuda_only(shape, device):
-    return "vLLM custom ops run on CUDA only" if device.type != "cuda" else None
-
-
 def _even_dim(shape, device):
     return None if shape.head_dim % 2 == 0 else "rotary embedding needs an even head_dim"
 
@@ -96,7 +92,7 @@ def _providers():
         yield Provider(f"torch.rope_{style}", _torch_build(neox), supports=_even_dim, options=opts)
         yield Provider(f"triton.rope_{style}", _triton_build(neox), supports=_even_dim, options=opts)
         yield Provider(f"vllm.rotary_embedding_{style}", _vllm_build(neox),
-                       supports=lambda s, d: _cuda_only(s, d) or _even_dim(s, d), options=opts, requires="vllm")
+                       supports=_even_dim, options=opts, requires="vllm", cuda_only=True)
 
 
 BENCH = FamilyBench(family="rope", make_inputs=make_inputs, reference=reference, providers=tuple(_providers()))
