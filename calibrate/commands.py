@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
@@ -114,11 +113,7 @@ class Calibration:
 
     def constant_eta(self) -> dict:
         """The constant-η baseline per family and GPU (the median of its rows), for `predict` error tables."""
-        const = ConstantEtaBaseline().fit(self.rows["device"], self.rows["family"], self.rows["eta"])
-        out: dict = {}
-        for (device, family), value in sorted(const.per_device_.items()):
-            out.setdefault(family, {})[device] = round(value, 6)
-        return out
+        return ConstantEtaBaseline().fit(self.rows["device"], self.rows["family"], self.rows["eta"]).table()
 
 
 def _print_headline(summary: dict) -> None:
@@ -237,10 +232,10 @@ def _predict_sweep(cfg: DictConfig, tier: str, bundle) -> None:
                                                                           "extrapolated"]]
     measured = pd.to_numeric(usable["latency_ms"], errors="coerce")
     if measured.notna().any():
-        const = loaded.manifest.get("baselines", {}).get("constant_eta", {})
+        const = ConstantEtaBaseline.from_table(loaded.manifest.get("baselines", {}).get("constant_eta", {}))
         out["latency_ms"] = measured
         out["ape_pct"] = (out["predicted_ms"] - measured).abs() / measured * 100
-        out["constant_ms"] = out["t_roof_ms"] * [_constant(const, f, d) for f, d in zip(out["family"], out["device"])]
+        out["constant_ms"] = out["t_roof_ms"] * const.predict(out["device"], out["family"])
         _print_errors(out)
     if cfg.get("out"):
         path = Path(cfg.out)
@@ -252,13 +247,6 @@ def _predict_sweep(cfg: DictConfig, tier: str, bundle) -> None:
         print(f"wrote {len(out)} predictions to {path}")
     elif not measured.notna().any():
         out.to_csv(sys.stdout, index=False)
-
-
-def _constant(const: dict, family: str, device: str) -> float:
-    per = const.get(family, {})
-    if device in per:
-        return per[device]
-    return float(np.median(list(per.values()))) if per else 1.0
 
 
 def _print_errors(out: pd.DataFrame) -> None:

@@ -8,6 +8,8 @@ what every model is reported beside: plain roofline (η = 1) and one constant
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import pandas as pd
 
@@ -134,6 +136,21 @@ class ConstantEtaBaseline:
         self.per_device_ = {k: float(v) for k, v in per.items()}
         self.per_family_ = {f: float(v) for f, v in per.groupby(level="family").median().items()}
         return self
+
+    @classmethod
+    def from_table(cls, table: Mapping) -> "ConstantEtaBaseline":
+        """The fitted baseline from its published table {family: {device: η}} (a bundle's manifest)."""
+        self = cls()
+        self.per_device_ = {(d, f): float(v) for f, per in table.items() for d, v in per.items()}
+        self.per_family_ = {f: float(np.median(list(per.values()))) for f, per in table.items() if per}
+        return self
+
+    def table(self) -> dict:
+        """{family: {device: η}}, the form a bundle's manifest publishes."""
+        out: dict = {}
+        for (device, family), value in sorted(self.per_device_.items()):
+            out.setdefault(family, {})[device] = round(value, 6)
+        return out
 
     def predict(self, devices, families) -> np.ndarray:
         out = [self.per_device_.get((d, f), self.per_family_.get(f, 1.0)) for d, f in zip(devices, families)]

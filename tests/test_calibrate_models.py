@@ -106,3 +106,14 @@ def test_row_rules():
     assert split_sweep_id("aiconfigurator/h100_sxm/vllm-0.24.0") == ("aiconfigurator/h100_sxm/vllm", (0, 24, 0))
     measured = a.assign(source="measured", sweep_id="h100_sxm/mine")
     assert choose_sweeps(pd.concat([a, measured])) == ["h100_sxm/mine"]
+
+
+def test_constant_baseline_round_trips_through_its_published_table():
+    """`predict SWEEP` rebuilds the baseline from the bundle manifest: same η for seen and unseen GPUs."""
+    from kernelsight.calibrate.models import ConstantEtaBaseline
+
+    fitted = ConstantEtaBaseline().fit(["a", "a", "b", "c"], ["gemm", "gemm", "gemm", "norm"], [1.2, 1.4, 2.0, 3.0])
+    rebuilt = ConstantEtaBaseline.from_table(fitted.table())
+    devices, families = ["a", "b", "unseen", "unseen", "c"], ["gemm", "gemm", "gemm", "rope", "norm"]
+    assert np.allclose(rebuilt.predict(devices, families), fitted.predict(devices, families))
+    assert np.allclose(fitted.predict(devices, families), [1.3, 2.0, 1.65, 1.0, 3.0])
