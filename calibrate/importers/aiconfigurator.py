@@ -58,8 +58,8 @@ from kernelsight.predictor.dtypes import canonical_dtype, dtype_bytes
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.hardware import load_hardware
 
-from .common import (ImportResult, candidates, finish, first_reason, read_source_info, read_table, resolve_devices,
-                     row_locations)
+from .common import (ImportResult, assign_devices, candidates, finish, first_reason, read_source_info, read_table,
+                     resolve_devices, row_locations)
 
 DATASET = "aiconfigurator"
 DECODE_BLOCK_SIZE = 16
@@ -108,10 +108,8 @@ def convert(src) -> ImportResult:
 
 def _check_device(cands: pd.DataFrame, system: str) -> pd.DataFrame:
     """device from the raw name; rejected when unknown or not the system the folder names."""
-    known = resolve_devices(cands["device_name"])
+    keys, why = assign_devices(cands["device_name"])
     folder_key, folder_problem = resolve_devices([system])[system]
-    keys = cands["device_name"].map(lambda n: known[n][0])
-    why = cands["device_name"].map(lambda n: known[n][1])
     if folder_problem:
         why = why.fillna(f"system folder {system!r} is not in the hardware catalog")
     mismatch = why.isna() & (keys != folder_key)

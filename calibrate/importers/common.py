@@ -114,6 +114,12 @@ def resolve_devices(raw: Iterable) -> dict:
     return out
 
 
+def assign_devices(names: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """Per row: the catalog key of its raw device name (None when unknown) and why not (None when known)."""
+    known = resolve_devices(names)
+    return names.map(lambda n: known[n][0]), names.map(lambda n: known[n][1])
+
+
 def first_reason(*reasons) -> np.ndarray:
     """Element-wise the first reason that is set (None/NaN: not set), None where none is."""
     out = np.full(len(reasons[0]), None, dtype=object)

@@ -33,7 +33,7 @@ from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.families.elementwise import OPS as ELEMENTWISE_OPS
 
 from .common import (ImportResult, candidates, finish, first_reason, read_source_info, read_table,
-                     resolve_devices, row_locations)
+                     assign_devices, row_locations)
 
 DATASET = "neusight"
 DTYPE = "fp32"
@@ -67,9 +67,8 @@ def convert(src) -> ImportResult:
     if test:
         frames.append(_test(test))
     cands = pd.concat(frames, ignore_index=True)
-    known = resolve_devices(cands["device_name"])
-    cands["device"] = cands["device_name"].map(lambda n: known[n][0])
-    cands["reject"] = cands["reject"].where(cands["reject"].notna(), cands["device_name"].map(lambda n: known[n][1]))
+    cands["device"], unknown = assign_devices(cands["device_name"])
+    cands["reject"] = cands["reject"].where(cands["reject"].notna(), unknown)
     versions = {s: {"dtype": DTYPE, **v} for s, v in _versions(cands).items()}
     return finish(info, cands.drop(columns=["versions"]), sweeps=versions)
 

@@ -55,7 +55,7 @@ import pandas as pd
 
 from kernelsight.predictor.errors import KernelsightError
 
-from .common import ImportResult, candidates, finish, read_source_info, read_table, resolve_devices, row_locations
+from .common import ImportResult, assign_devices, candidates, finish, read_source_info, read_table, row_locations
 
 DATASET = "vidur"
 DTYPE = "fp16"
@@ -120,9 +120,8 @@ def convert(src) -> ImportResult:
             continue
         frames.append(_network(path))
     cands = pd.concat(frames, ignore_index=True)
-    known = resolve_devices(cands["device_name"])
-    cands["device"] = cands["device_name"].map(lambda n: known[n][0])
-    cands["reject"] = cands["reject"].where(cands["reject"].notna(), cands["device_name"].map(lambda n: known[n][1]))
+    cands["device"], unknown = assign_devices(cands["device_name"])
+    cands["reject"] = cands["reject"].where(cands["reject"].notna(), unknown)
     return finish(info, cands, notes, sweeps={s: {"dtype": DTYPE} for s in cands["sweep_id"].unique()})
 
 

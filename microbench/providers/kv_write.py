@@ -91,4 +91,5 @@ BENCH = FamilyBench(
     family="kv_write", make_inputs=make_inputs, reference=reference, observe=observe,
     providers=(Provider("triton.reshape_and_cache", _triton_build, supports=_supports),
                Provider("torch.index_copy", _torch_build, supports=_supports),
-               Provider("vllm.reshape_and_cache_flash", _vllm_build, supports=_supports, requires="vllm", cuda_only=True)))
+               Provider("vllm.reshape_and_cache_flash", _vllm_build, supports=_supports, requires="vllm",
+                        cuda_only=True)))
