@@ -129,7 +129,7 @@ def _baselines(const: ConstantEtaBaseline, block: Block, n: int) -> dict:
 def _predict_target(model: EtaRegressor, const: ConstantEtaBaseline, block: Block, idx: np.ndarray) -> dict:
     raw = model.predict(block.x["target"][idx], floor=False)
     eta = np.maximum(raw, model.eta_floor)
-    return {"lightgbm": eta, DIAGNOSTIC: raw, NO_SIBLING: eta, **_baselines(const, block, len(idx))}
+    return {"lightgbm": eta, DIAGNOSTIC: raw, **_baselines(const, block, len(idx))}
 
 
 def evaluate_target(blocks: dict, learner: dict, folds: int, seed: int, devices=None) -> pd.DataFrame:
@@ -223,7 +223,10 @@ def metrics(scored: pd.DataFrame, by=("tier", "split", "family", "device")) -> p
     for key, part in scored.groupby(list(by), sort=True):
         key = key if isinstance(key, tuple) else (key,)
         for model in (*MODELS, *DIAGNOSTICS):
-            ape = _ape(part[f"pred_{model}"], part["latency_ms"])
+            column = f"pred_{model}"
+            if column not in part or part[column].isna().all():  # a diagnostic of the other tier
+                continue
+            ape = _ape(part[column], part["latency_ms"])
             rows.append({**dict(zip(by, key)), "model": model, "rows": len(part), "mape": float(ape.mean()),
                          "median_ape": float(np.median(ape)), "p90_ape": float(np.percentile(ape, 90)),
                          "sibling_pct": float(100.0 * part["sibling"].mean()) if "sibling" in part else 0.0})

@@ -47,8 +47,8 @@ def _mape_table(per: pd.DataFrame, tier: str) -> pd.DataFrame:
     out["MAPE const"] = wide[("mape", "constant")]
     out["MAPE roofline"] = wide[("mape", "roofline")]
     out["MAPE no floor"] = wide[("mape", DIAGNOSTIC)]
-    out["MAPE no sibling"] = wide[("mape", NO_SIBLING)]
     if tier == "cross":
+        out["MAPE no sibling"] = wide[("mape", NO_SIBLING)]
         out["rows by die sibling %"] = part.groupby(["family", "split", "device", "rows"])["sibling_pct"].first()
     return out.reset_index()
 
