@@ -336,7 +336,6 @@ def collectives_job_from_overrides(overrides: list[str]):
     from hydra import compose, initialize_config_dir
 
     from kernelsight.predictor.paths import conf_dir
-    from kernelsight.sim.commands import write_table
 
     from .environment import capture_environment, device_identity
     from .nvml import GpuMonitor
@@ -375,7 +374,6 @@ def bench_report(cfg: DictConfig) -> None:
 def bench_serve(cfg: DictConfig) -> None:
     """`kernelsight bench serve`: end-to-end serving runs of transformers' continuous batching (serving.py)."""
     import pandas as pd
-    import torch
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
@@ -383,7 +381,7 @@ def bench_serve(cfg: DictConfig) -> None:
     from kernelsight.sim.commands import write_table
 
     from .environment import capture_environment, device_identity
-    from .serving import ServeWorkload, build_model, run_workload, summarize
+    from .serving import ServeWorkload, build_model, run_workload, summarize, trace_rows
 
     device = _device(cfg)
     specs = OmegaConf.to_container(cfg.workloads) or {}
@@ -419,12 +417,15 @@ def bench_serve(cfg: DictConfig) -> None:
         try:
             vocab = int(model.config.vocab_size)
             if cfg.warmup_requests:  # first kernels, graph captures and allocator growth, not measured
-                run_workload(manager, ServeWorkload("warmup", "closed_loop", min(w.isl for w in workloads), 8,
-                                                    int(cfg.warmup_requests), concurrency=int(cfg.warmup_requests)),
-                             vocab, int(cfg.seed))
-            for i, w in enumerate(pending):
+                warm = ServeWorkload("warmup", "closed_loop", min(w.isl for w in workloads), 8,
+                                     int(cfg.warmup_requests), concurrency=int(cfg.warmup_requests))
+                run_workload(manager, warm, warm.requests(int(cfg.seed)), vocab, int(cfg.seed))
+            for w in pending:
                 start = time.perf_counter()
-                rows = run_workload(manager, w, vocab, int(cfg.seed) + 1000 * (i + 1), float(cfg.timeout_s))
+                seed = _workload_seed(int(cfg.seed), w.name)
+                requests = w.requests(seed)
+                rows = run_workload(manager, w, requests, vocab, seed, float(cfg.timeout_s))
+                write_table(pd.DataFrame(trace_rows(requests)), run_dir / f"{w.name}_trace.csv")
                 write_table(pd.DataFrame(rows), run_dir / f"{w.name}.parquet")  # a workload whole or not at all
                 print(f"  {w.name}: {len(rows)} requests in {time.perf_counter() - start:.1f} s")
         finally:
@@ -442,6 +443,13 @@ def bench_serve(cfg: DictConfig) -> None:
     print(summary.round(2).to_string(index=False))
     print(f"wrote {run_dir}/summary.csv, run.json (engine.json: the cache and token budget the engine chose) "
           f"and one requests file per workload")
+
+
+def _workload_seed(seed: int, name: str) -> int:
+    """A workload's own seed (its requests do not change when other workloads are added or skipped)."""
+    import zlib
+
+    return seed * 1_000_003 + zlib.crc32(name.encode())
 
 
 def _write_json(path: Path, obj) -> None:

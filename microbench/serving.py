@@ -12,6 +12,10 @@ the kernels and shapes are the architecture's, the tokens meaningless, so every 
 `osl` tokens (end-of-sequence disabled). Times come from the engine's own per-token timestamps
 (`record_timestamps`, time.perf_counter) against the moment the client handed the request over:
 TTFT = first token - send, TPOT = (last - first) / (tokens - 1), as `vllm bench serve` defines them.
+
+The requests are the simulator's own (sim/workload.py, the same seed): arrival times, lengths and shared
+prefixes come from `Workload.requests`, and every run writes them as a trace (`<workload>_trace.csv`),
+so `kernelsight simulate workload=trace workload.trace_file=<that file>` replays exactly what was measured.
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from kernelsight.predictor.errors import KernelsightError
+from kernelsight.sim.request import SHARED_PREFIX
+from kernelsight.sim.workload import Workload, WorkloadConfig
 
 ARRIVALS = ("poisson", "closed_loop")
 
@@ -71,6 +77,21 @@ class ServeWorkload:
                    isl=ints["isl"], osl=ints["osl"], num_requests=ints["num_requests"],
                    shared_prefix=ints["shared_prefix"])
 
+    def sim_config(self) -> WorkloadConfig:
+        """The same traffic as a simulator workload (conf/workload schema): Poisson at `rate`, or `concurrency`
+        closed-loop clients (request_rate inf + max_concurrency); the shared prefix is one system prompt."""
+        closed = self.arrival == "closed_loop"
+        return WorkloadConfig.from_config({
+            "name": self.name, "arrival": "poisson", "request_rate": float("inf") if closed else self.rate,
+            "max_concurrency": self.concurrency if closed else None,
+            "input": {"dist": "fixed", "value": self.isl - self.shared_prefix},
+            "output": {"dist": "fixed", "value": self.osl},
+            "system_prompts": 1 if self.shared_prefix else 0, "system_prompt_len": self.shared_prefix})
+
+    def requests(self, seed: int) -> list:
+        """The simulator's request stream for this workload (sim.request.Request, in arrival order)."""
+        return list(Workload(self.sim_config()).requests(self.num_requests, seed))
+
 
 def build_model(hf_config: str | Path, overrides: dict, dtype: str, device: str, attn_implementation: str,
                 seed: int):
@@ -104,21 +125,32 @@ def build_model(hf_config: str | Path, overrides: dict, dtype: str, device: str,
     return model.eval()
 
 
-def prompts(workload: ServeWorkload, vocab: int, seed: int) -> list[list[int]]:
-    """Random prompts of isl tokens; the first shared_prefix tokens are the same in every prompt."""
-    rng = np.random.default_rng(seed)
-    prefix = rng.integers(1, vocab, size=workload.shared_prefix).tolist()
-    return [prefix + rng.integers(1, vocab, size=workload.isl - workload.shared_prefix).tolist()
-            for _ in range(workload.num_requests)]
+def prompt_tokens(request, vocab: int, seed: int) -> list[int]:
+    """Token ids of a simulated request's prompt: each content segment (a shared system prompt, a request's
+    own text) is random tokens seeded by its content id, so equal segments are equal tokens."""
+    out: list[int] = []
+    for (kind, content), length in request.segments:
+        out += np.random.default_rng([seed, kind, content]).integers(1, vocab, size=length).tolist()
+    return out
+
+
+def trace_rows(requests: list) -> list[dict]:
+    """The requests as a trace the simulator replays (sim/workload.py load_trace columns)."""
+    rows = []
+    for r in requests:
+        shared = [length for (kind, _), length in r.segments if kind == SHARED_PREFIX]
+        rows.append({"arrival_time": r.arrival_time, "input_len": r.prompt_len, "output_len": r.output_len,
+                     "prefix_group": 0 if shared else None, "prefix_len": shared[0] if shared else 0})
+    return rows
 
 
 class _Client:
     """Sends a workload's requests to a running manager and collects one row per finished request."""
 
-    def __init__(self, manager, workload: ServeWorkload, vocab: int, seed: int, timeout_s: float):
+    def __init__(self, manager, workload: ServeWorkload, requests: list, vocab: int, seed: int, timeout_s: float):
         self.manager, self.w, self.timeout_s = manager, workload, timeout_s
-        self.prompts = prompts(workload, vocab, seed)
-        self.seed = seed
+        self.requests = requests
+        self.prompts = [prompt_tokens(r, vocab, seed) for r in requests]
         self.sent: dict[str, tuple[int, float]] = {}
         self.lock = threading.Lock()
         self.t0 = 0.0
@@ -127,7 +159,7 @@ class _Client:
         rid = f"{self.w.name}-{i}"
         with self.lock:
             self.sent[rid] = (i, time.perf_counter())
-        if self.manager.add_request(self.prompts[i], request_id=rid, max_new_tokens=self.w.osl,
+        if self.manager.add_request(self.prompts[i], request_id=rid, max_new_tokens=self.requests[i].output_len,
                                     record_timestamps=True, eos_token_id=-1) is None:
             raise KernelsightError(f"workload {self.w.name}: the engine refused request {i} (stopped or full)")
 
@@ -147,7 +179,7 @@ class _Client:
         self.t0 = time.perf_counter()
         sender = None
         if w.arrival == "poisson":
-            arrivals = np.cumsum(np.random.default_rng(self.seed + 1).exponential(1.0 / w.rate, n))
+            arrivals = np.asarray([r.arrival_time for r in self.requests])
             sender = threading.Thread(target=self._poisson_sender, args=(arrivals, failure), daemon=True)
             sender.start()
             next_i = n
@@ -184,16 +216,19 @@ class _Client:
             raise KernelsightError(f"workload {self.w.name}: request {i} failed "
                                    f"({result.error or 'no per-token timestamps'})")
         n_out = len(stamps)
-        return {"workload": self.w.name, "request": i, "send_s": sent - self.t0,
+        return {"workload": self.w.name, "request": i, "arrival_s": self.requests[i].arrival_time,
+                "send_s": sent - self.t0,
                 "first_token_s": stamps[0] - self.t0, "finish_s": stamps[-1] - self.t0,
                 "ttft_ms": (stamps[0] - sent) * 1e3,
                 "tpot_ms": (stamps[-1] - stamps[0]) / (n_out - 1) * 1e3 if n_out > 1 else float("nan"),
                 "e2e_ms": (stamps[-1] - sent) * 1e3, "prompt_len": len(self.prompts[i]), "output_len": n_out}
 
 
-def run_workload(manager, workload: ServeWorkload, vocab: int, seed: int, timeout_s: float = 600.0) -> list[dict]:
-    """Drive one workload through a started ContinuousBatchingManager; one row per request, in finish order."""
-    return _Client(manager, workload, vocab, seed, timeout_s).run()
+def run_workload(manager, workload: ServeWorkload, requests: list, vocab: int, seed: int,
+                 timeout_s: float = 600.0) -> list[dict]:
+    """Drive one workload's requests (ServeWorkload.requests) through a started ContinuousBatchingManager;
+    one row per request, in finish order."""
+    return _Client(manager, workload, requests, vocab, seed, timeout_s).run()
 
 
 def summarize(rows: list[dict], workloads: list[ServeWorkload]) -> list[dict]:

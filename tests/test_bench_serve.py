@@ -10,7 +10,8 @@ import pytest
 
 from kernelsight.predictor import cli
 from kernelsight.predictor.errors import KernelsightError
-from kernelsight.microbench.serving import ServeWorkload, prompts
+from kernelsight.microbench.serving import ServeWorkload, prompt_tokens, trace_rows
+from kernelsight.sim.workload import Workload, WorkloadConfig
 
 TINY = ["device=cpu", "dtype=fp32", "model_overrides.num_hidden_layers=2", "model_overrides.hidden_size=64",
         "model_overrides.intermediate_size=128", "model_overrides.num_attention_heads=4",
@@ -43,9 +44,36 @@ def test_bad_workloads_get_one_clear_line(spec, message):
 def test_prompts_share_exactly_the_prefix():
     w = ServeWorkload.from_mapping("w", {"arrival": "poisson", "rate": 1, "isl": 40, "osl": 2, "num_requests": 5,
                                          "shared_prefix": 16})
-    ps = prompts(w, vocab=1000, seed=0)
+    ps = [prompt_tokens(r, vocab=1000, seed=0) for r in w.requests(seed=0)]
     assert [len(p) for p in ps] == [40] * 5 and len({tuple(p[:16]) for p in ps}) == 1
-    assert len({tuple(p[16:]) for p in ps}) == 5 and prompts(w, 1000, 0) == ps  # unique tails, seeded
+    assert len({tuple(p[16:]) for p in ps}) == 5  # unique tails
+    assert ps == [prompt_tokens(r, 1000, 0) for r in w.requests(seed=0)]  # seeded
+    assert ps != [prompt_tokens(r, 1000, 1) for r in w.requests(seed=1)]
+
+
+def test_requests_are_the_simulators_stream_and_replay_as_a_trace(tmp_path):
+    """bench serve sends the simulator's own requests (same seed, same arrivals and lengths), and the trace it
+    writes replays them in the simulator with the same prefix sharing."""
+    w = ServeWorkload.from_mapping("w", {"arrival": "poisson", "rate": 5, "isl": 64, "osl": 3, "num_requests": 20,
+                                         "shared_prefix": 32})
+    sim = Workload(WorkloadConfig.from_config({
+        "name": "w", "arrival": "poisson", "request_rate": 5.0, "input": {"dist": "fixed", "value": 32},
+        "output": {"dist": "fixed", "value": 3}, "system_prompts": 1, "system_prompt_len": 32}))
+    ours = w.requests(seed=7)
+    assert [r.arrival_time for r in ours] == [r.arrival_time for r in sim.requests(20, 7)]
+    assert np.all(np.diff([r.arrival_time for r in ours]) >= 0) and ours[-1].arrival_time > 0
+    path = tmp_path / "w_trace.csv"
+    pd.DataFrame(trace_rows(ours)).to_csv(path, index=False)
+    replay = list(Workload(WorkloadConfig.from_config({"arrival": "trace", "trace_file": str(path),
+                                                       "input": None, "output": None})).requests(None, 0))
+    assert [round(r.arrival_time, 9) for r in replay] == [round(r.arrival_time - ours[0].arrival_time, 9)
+                                                          for r in ours]
+    assert [(r.prompt_len, r.output_len) for r in replay] == [(64, 3)] * 20
+    assert replay[0].block_hash(1, 16) == replay[5].block_hash(1, 16)  # the shared 32 tokens hash alike
+    assert replay[0].block_hash(2, 16) != replay[5].block_hash(2, 16)  # the rest is each request's own
+    closed = ServeWorkload.from_mapping("c", {"arrival": "closed_loop", "concurrency": 4, "isl": 8, "osl": 2,
+                                              "num_requests": 6})
+    assert closed.sim_config().max_concurrency == 4 and {r.arrival_time for r in closed.requests(0)} == {0.0}
 
 
 def test_cpu_run_records_every_request_and_resumes(tmp_path, capsys):
@@ -60,6 +88,9 @@ def test_cpu_run_records_every_request_and_resumes(tmp_path, capsys):
         assert (rows["send_s"] < rows["first_token_s"]).all() and (rows["first_token_s"] < rows["finish_s"]).all()
     poisson = pd.read_parquet(run / "poisson_r12.parquet").sort_values("request")
     assert poisson["send_s"].is_monotonic_increasing  # sent at their arrival times, in order
+    assert (poisson["send_s"] >= poisson["arrival_s"]).all()  # never before the simulator's arrival time
+    trace = pd.read_csv(run / "closed_c32_prefix_trace.csv")  # what the simulator replays
+    assert len(trace) == 12 and (trace["input_len"] == 64).all() and (trace["prefix_len"] == 32).all()
     closed = pd.read_parquet(run / "closed_c8.parquet")
     in_flight = [((closed["send_s"] <= s) & (closed["finish_s"] > s)).sum() for s in closed["send_s"]]
     assert max(in_flight) <= 3  # three clients: never more than three requests outstanding
