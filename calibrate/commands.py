@@ -123,7 +123,7 @@ def _print_headline(summary: dict) -> None:
         return
     cols = [c for c in ("tier", "family", "lightgbm", "constant", "roofline", *ev.DIAGNOSTICS) if c in head.columns]
     print("MAPE % (target: grouped K-fold; cross: leave-one-device-out)")
-    print(head[cols].round(1).to_string(index=False))
+    print(head[cols].round(1).to_string(index=False, na_rep="-"))  # -: a diagnostic the tier does not have
 
 
 def calibrate(cfg: DictConfig) -> None:
