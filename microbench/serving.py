@@ -163,10 +163,10 @@ class _Client:
                                     record_timestamps=True, eos_token_id=-1) is None:
             raise KernelsightError(f"workload {self.w.name}: the engine refused request {i} (stopped or full)")
 
-    def _poisson_sender(self, arrivals: np.ndarray, failure: list) -> None:
+    def _poisson_sender(self, failure: list) -> None:
         try:
-            for i, at in enumerate(arrivals):
-                delay = self.t0 + at - time.perf_counter()
+            for i, request in enumerate(self.requests):
+                delay = self.t0 + request.arrival_time - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)
                 self.send(i)
@@ -179,8 +179,7 @@ class _Client:
         self.t0 = time.perf_counter()
         sender = None
         if w.arrival == "poisson":
-            arrivals = np.asarray([r.arrival_time for r in self.requests])
-            sender = threading.Thread(target=self._poisson_sender, args=(arrivals, failure), daemon=True)
+            sender = threading.Thread(target=self._poisson_sender, args=(failure,), daemon=True)
             sender.start()
             next_i = n
         else:
