@@ -7,9 +7,10 @@ Rules, in order (each row is counted under the first rule that removes it):
 3. excluded sweep: sweep ids containing an `exclude_sweeps` substring, for
    setups the features cannot tell apart (Vidur's pairwise_nvlink nodes: pairs
    of NVLink GPUs joined by a slower network, labelled like the DGX rows).
-4. sweep: per (device, family) ONE dataset is used, for both tiers: measured
-   sweeps (our harness) first, then the order of `prefer_sources` (substrings
-   of the source, e.g. aiconfigurator before vidur), then the most rows. Within
+4. sweep: per (device, family) ONE dataset is used, for both tiers: the first
+   source in the order of `prefer_sources` (substrings of the source: our own
+   sweeps are 'measured', imports 'import:aiconfigurator@...'), then the most
+   rows. Within
    it, sweep ids are '<series>-<version>' (aiconfigurator/h100_sxm/vllm-0.24.0)
    and only the newest version of each series is kept; unversioned series are
    shards of one campaign (Vidur's per-model profiles, NeuSight's train/test)
@@ -77,7 +78,7 @@ def choose_sweeps(part: pd.DataFrame, prefer_sources=()) -> list[str]:
 
     def rank(source):
         pref = next((i for i, s in enumerate(prefer_sources) if s in source), len(prefer_sources))
-        return (source != "measured", pref, -int(stats[source].sum()), source)
+        return (pref, -int(stats[source].sum()), source)
 
     source = min(stats.index.get_level_values("source").unique(), key=rank)
     newest: dict[str, tuple] = {}

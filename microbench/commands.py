@@ -13,6 +13,7 @@ import os
 import sys
 import time
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -396,6 +397,12 @@ def bench_serve(cfg: DictConfig) -> None:
     key, _ = device_identity(device)
     run_dir = Path(cfg.out or data_dir() / "validation" / "transformers") / key / str(cfg.run_id)
     run_dir.mkdir(parents=True, exist_ok=True)
+    measured = _read_measured(run_dir)
+    for w in workloads:  # resuming must not mix two definitions of one workload name in one run
+        if w.name in measured and (run_dir / f"{w.name}.parquet").is_file() and \
+                ServeWorkload.from_mapping(w.name, measured[w.name]["workload"]) != w:
+            raise KernelsightError(f"workload {w.name}: {run_dir} holds it measured with other settings "
+                                   f"({measured[w.name]['workload']}); choose another run_id or workload name")
     pending = [w for w in workloads if not (run_dir / f"{w.name}.parquet").is_file()]
     print(f"kernelsight bench serve: {cfg.model.name} on {key}, {len(workloads)} workloads "
           f"({len(workloads) - len(pending)} already measured in {run_dir})")
@@ -427,11 +434,17 @@ def bench_serve(cfg: DictConfig) -> None:
                 rows = run_workload(manager, w, requests, vocab, seed, float(cfg.timeout_s))
                 write_table(pd.DataFrame(trace_rows(requests)), run_dir / f"{w.name}_trace.csv")
                 write_table(pd.DataFrame(rows), run_dir / f"{w.name}.parquet")  # a workload whole or not at all
+                spec = {k: v for k, v in asdict(w).items() if k != "name" and v is not None}
+                measured[w.name] = {"workload": spec, "seed": seed, "engine": resolved,
+                                    "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                _write_json(run_dir / "workloads.json", measured)
                 print(f"  {w.name}: {len(rows)} requests in {time.perf_counter() - start:.1f} s")
         finally:
             manager.stop(block=True)
-    rows = pd.concat([pd.read_parquet(run_dir / f"{w.name}.parquet") for w in workloads], ignore_index=True)
-    summary = pd.DataFrame(summarize(rows.to_dict("records"), workloads))
+    done = [ServeWorkload.from_mapping(name, m["workload"]) for name, m in measured.items()
+            if (run_dir / f"{name}.parquet").is_file()]  # every workload of the run, not only this call's
+    rows = pd.concat([pd.read_parquet(run_dir / f"{w.name}.parquet") for w in done], ignore_index=True)
+    summary = pd.DataFrame(summarize(rows.to_dict("records"), done))
     summary.insert(0, "model", cfg.model.name)
     summary.insert(1, "device", key)
     write_table(summary, run_dir / "summary.csv")
@@ -443,6 +456,22 @@ def bench_serve(cfg: DictConfig) -> None:
     print(summary.round(2).to_string(index=False))
     print(f"wrote {run_dir}/summary.csv, run.json (engine.json: the cache and token budget the engine chose) "
           f"and one requests file per workload")
+
+
+def _read_measured(run_dir: Path) -> dict:
+    """workloads.json of a run: per measured workload its settings, seed, engine settings and start time."""
+    from .serving import ServeWorkload
+
+    path = run_dir / "workloads.json"
+    if not path.is_file():
+        return {}
+    try:
+        measured = json.loads(path.read_text(encoding="utf-8"))
+        for name, m in measured.items():
+            ServeWorkload.from_mapping(name, m["workload"])
+        return measured
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError, KernelsightError) as e:
+        raise KernelsightError(f"{path}: not a workloads record of bench serve ({e})") from None
 
 
 def _workload_seed(seed: int, name: str) -> int:

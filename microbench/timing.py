@@ -1,9 +1,13 @@
 """Kernel timing: warm-up, repetitions to a time or count budget, robust statistics.
 
 On a GPU every repetition is bracketed by CUDA events on the stream, after an
-L2 flush (writing a buffer of 4x the L2, at least 256 MiB) in 'cold' mode, so
+L2 flush (reading a buffer of 4x the L2, at least 256 MiB) in 'cold' mode, so
 each call starts with cold caches as in a real layer sequence; 'hot' skips the
-flush. Calls shorter than `graph_below_us` are replayed from a CUDA graph so
+flush. The flush reads rather than writes: a written buffer leaves the L2 full
+of dirty lines that the timed call must write back as it evicts them, up to
+L2 / HBM bandwidth (about 17 us on an H100) of time no serving step pays; the
+first H100 sweep (data/sweeps/h100_sxm/full-1, written-buffer flush) shows an
+excess of that size over aiconfigurator's cuBLAS timings of the same GEMMs. Calls shorter than `graph_below_us` are replayed from a CUDA graph so
 launch gaps are not timed (recorded per row). On a CPU the same loop runs with
 time.perf_counter_ns and a last-level-cache flush buffer.
 
@@ -77,11 +81,12 @@ class Clock:
             size = max(FLUSH_L2_MULTIPLE * l2, FLUSH_MIN_BYTES)
         else:
             size = cfg.cpu_flush_mb << 20
-        self._flush_buf = torch.empty(size, dtype=torch.uint8, device=device) if cfg.l2 == "cold" else None
+        self._flush_buf = torch.ones(size, dtype=torch.uint8, device=device) if cfg.l2 == "cold" else None
 
     def flush(self) -> None:
+        """Evict the cache by reading the flush buffer (clean lines: nothing to write back later)."""
         if self._flush_buf is not None:
-            self._flush_buf.fill_(1)
+            self._flush_buf.max()
 
     def sync(self) -> None:
         if self.cuda:

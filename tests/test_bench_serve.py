@@ -98,9 +98,18 @@ def test_cpu_run_records_every_request_and_resumes(tmp_path, capsys):
     assert env["device"] == "cpu" and env["transformers"] and env["config"]["engine"]["max_batch_tokens"] == 256
     assert env["engine_resolved"]["max_batch_tokens"] == 256 and env["engine_resolved"]["block_size"] == 16
     assert env["engine_resolved"]["attn_implementation"] in ("sdpa", "paged|sdpa")  # what ran (named per version)
+    measured = json.loads((run / "workloads.json").read_text())
+    assert measured["closed_c8"]["workload"]["concurrency"] == 3 and measured["closed_c8"]["engine"]["block_size"] == 16
     capsys.readouterr()
     cli.main(["bench", "serve", f"out={tmp_path}", "run_id=t", *TINY, *SMALL])
     assert "3 already measured" in capsys.readouterr().out  # nothing re-run, summary rebuilt
+    cli.main(["bench", "serve", f"out={tmp_path}", "run_id=t", *TINY, *SMALL, "only=[closed_c8]"])
+    assert len(pd.read_csv(run / "summary.csv")) == 3  # a call for one workload keeps the run's whole summary
+    capsys.readouterr()
+    with pytest.raises(SystemExit):  # same name, other settings: refused, not silently skipped
+        cli.main(["bench", "serve", f"out={tmp_path}", "run_id=t", *TINY, *SMALL, "workloads.closed_c8.num_requests=21"])
+    err = capsys.readouterr().err
+    assert "closed_c8" in err and "other settings" in err and len(err.strip().splitlines()) == 1
 
 
 def test_bad_settings_are_one_line_errors(tmp_path, capsys):

@@ -259,6 +259,17 @@ def test_timing_statistics_on_cpu():
     assert 2.0 <= stats.p10_ms <= stats.median_ms <= stats.p90_ms < 20
 
 
+def test_cold_cache_flush_reads_and_never_writes():
+    """A written flush buffer leaves dirty cache lines whose write-back the timed call would pay."""
+    clock = Clock(torch.device("cpu"), TimingConfig(cpu_flush_mb=1))
+    buf = clock._flush_buf
+    buf[::3] = 7  # any write by the flush (fill, zero, copy) changes this pattern
+    before = buf.clone()
+    clock.flush()
+    assert torch.equal(buf, before) and buf.numel() == 1 << 20
+    assert Clock(torch.device("cpu"), TimingConfig(l2="hot"))._flush_buf is None
+
+
 def test_cuda_only_providers_are_unavailable_on_the_cpu_and_planned_for_a_gpu():
     """CUDA-only libraries say so once per provider (not per shape); a planned GPU keeps them."""
     cpu = torch.device("cpu")

@@ -20,7 +20,9 @@ from kernelsight.microbench.providers.base import relative_error  # noqa: E402
 from kernelsight.microbench.triton_kernels import act, kv_write, paged_decode, prefill, rms_norm, rope  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+# fp32 on a GPU: tl.dot's default input precision is TF32 (10-bit mantissa), measured 1.5e-3 on an H100;
+# the interpreter computes true fp32.
+TOL = {torch.float32: 5e-3 if torch.cuda.is_available() else 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
 def gen(seed=0):

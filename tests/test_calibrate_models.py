@@ -104,8 +104,10 @@ def test_row_rules():
     assert (c["status not ok"], c["throttled"], c["other sweep"], c["other provider"]) == (3, 2, 20, 5)
     assert chosen.iloc[0]["providers"] == "torch.F.linear"
     assert split_sweep_id("aiconfigurator/h100_sxm/vllm-0.24.0") == ("aiconfigurator/h100_sxm/vllm", (0, 24, 0))
-    measured = a.assign(source="measured", sweep_id="h100_sxm/mine")
-    assert choose_sweeps(pd.concat([a, measured])) == ["h100_sxm/mine"]
+    measured = a.assign(source="measured", sweep_id="h100_sxm/mine").iloc[:5]  # fewer rows, but preferred
+    assert choose_sweeps(pd.concat([a, measured]), ("measured",)) == ["h100_sxm/mine"]
+    assert choose_sweeps(pd.concat([a, measured]), ("synthetic", "measured")) == ["synthetic/h100_sxm/v-1.0"]
+    assert choose_sweeps(pd.concat([a, measured])) == ["synthetic/h100_sxm/v-1.0"]  # no order: the most rows
 
 
 def test_constant_baseline_round_trips_through_its_published_table():
