@@ -5,6 +5,7 @@ of every key; this module is its typed schema. Sections:
   scheduler   token budget, sequence cap, KV page size, memory fraction, prefix
               caching, chunked prefill (read by the scheduler and memory.py)
   kernels     which ops run fused (read by graph.py)
+  attention   how a step's attention runs: paged kernels (vLLM) or one flat masked SDPA (transformers)
   cuda_graph  which steps replay a captured graph, at which padded sizes
   host        CPU time per step and whether it overlaps GPU work (pricing.py)
   allreduce   which all-reduce implementation runs a TP all-reduce of a given size (pricing.py)
@@ -22,6 +23,7 @@ from kernelsight.predictor.errors import KernelsightError
 from .schema import Spec, check, load_config
 
 GRAPH_MODES = ("full_and_piecewise", "full_decode_only", "piecewise")
+ATTENTION_LAYOUTS = ("paged", "flat_masked")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,17 @@ class KernelSettings:
     rope_in_place: bool
     qkv_fused: bool
     gate_up_fused: bool
+
+
+@dataclass(frozen=True)
+class AttentionSettings:
+    """'paged': a varlen prefill kernel over the chunks and a paged decode kernel over the decodes, reading
+    the KV cache in place (vLLM). 'flat_masked': per layer, every scheduled request's whole KV history is
+    gathered out of the cache and its heads repeated to the query heads, then ONE non-causal SDPA runs all
+    the step's query tokens against all gathered keys under a block-diagonal mask (transformers'
+    paged|sdpa), so its cost grows with (query tokens) x (KV tokens of the whole batch)."""
+
+    layout: str
 
 
 @dataclass(frozen=True)
@@ -102,6 +115,7 @@ class EngineProfile:
     engine: str
     scheduler: SchedulerSettings
     kernels: KernelSettings
+    attention: AttentionSettings
     cuda_graph: CudaGraphSettings
     host: HostSettings
     allreduce: AllReduceSettings
@@ -121,7 +135,8 @@ class EngineProfile:
                                    f"{sched['max_num_batched_tokens']} must be >= scheduler.max_num_seqs = "
                                    f"{sched['max_num_seqs']} (vLLM refuses this too)")
         return cls(name=v["name"], engine=v["engine"], scheduler=SchedulerSettings(**sched),
-                   kernels=KernelSettings(**v["kernels"]), cuda_graph=CudaGraphSettings(**graph),
+                   kernels=KernelSettings(**v["kernels"]), attention=AttentionSettings(**v["attention"]),
+                   cuda_graph=CudaGraphSettings(**graph),
                    host=HostSettings(**v["host"]), allreduce=AllReduceSettings(**v["allreduce"]),
                    memory=MemorySettings(**v["memory"]), source=source)
 
@@ -144,6 +159,9 @@ _FIELDS = {
         "rope_in_place": Spec("bool"),
         "qkv_fused": Spec("bool"),
         "gate_up_fused": Spec("bool"),
+    }),
+    "attention": Spec("section", fields={
+        "layout": Spec("choice", choices=ATTENTION_LAYOUTS),
     }),
     "cuda_graph": Spec("section", fields={
         "enabled": Spec("bool"),

@@ -225,6 +225,8 @@ def attention_kernels(model: ModelConfig, par: ParallelConfig, engine: EnginePro
                       s: Shard | None = None) -> list[KernelCall]:
     """Prefill and decode attention of each layer kind (see the module docstring for the aggregation)."""
     s = s or shard(model, par)
+    if engine.attention.layout == "flat_masked":
+        return flat_attention_kernels(model, s, batch.num_tokens, flat_kv_tokens(batch))
     calls = []
     kinds = model.layer_kinds()
     for kind in kinds:
@@ -238,6 +240,32 @@ def attention_kernels(model: ModelConfig, par: ParallelConfig, engine: EnginePro
                                     decode_columns(model, s, engine, len(batch.decode_ctx),
                                                    decode_mean_kv(batch.decode_ctx, kind.window), kind.window),
                                     kind.count, "decode"))
+    return calls
+
+
+def flat_kv_tokens(batch: StepBatch) -> int:
+    """KV tokens a flat masked attention gathers in a step: every scheduled request's whole context."""
+    return sum(batch.prefill_ctx) + batch.num_prefill_tokens + sum(batch.decode_ctx)
+
+
+def flat_attention_kernels(model: ModelConfig, s: Shard, q_tokens, kv_tokens) -> list[KernelCall]:
+    """transformers' paged|sdpa attention (engine attention.layout flat_masked), per layer: index_select of
+    the step's K and V out of the cache, repeat_kv to the query heads, one non-causal SDPA of all q_tokens
+    against all kv_tokens; once per step, the block-diagonal mask (q_tokens x kv_tokens) written for it.
+    Windows are not applied (the mask would carry them; the gather is the whole history either way).
+    kv_tokens may be an array (the pricer's tables)."""
+    ab, hd, n = model.act_dtype, model.head_dim, model.layers
+    calls = [KernelCall("kv_gather", "elementwise", {"numel": 2 * kv_tokens * s.kv_heads * hd, "op": "copy",
+                                                     "dtype": ab}, n)]
+    if s.heads != s.kv_heads:
+        calls.append(KernelCall("repeat_kv", "elementwise", {"numel": 2 * kv_tokens * s.heads * hd, "op": "copy",
+                                                             "dtype": ab}, n))
+    calls.append(KernelCall("attn_mask", "elementwise", {"numel": q_tokens * kv_tokens, "op": "copy", "dtype": ab},
+                            1))
+    calls.append(KernelCall("attn_flat", "attn_prefill", {"batch": 1, "seq_q": q_tokens, "seq_kv": kv_tokens,
+                                                         "heads": s.heads, "kv_heads": s.heads, "head_dim": hd,
+                                                         "causal": False, "window": 0, "dtype": ab,
+                                                         "kv_dtype": ab}, n))
     return calls
 
 

@@ -11,7 +11,9 @@ from the same graph code that lists a step's kernels (graph.py):
     geometric L grid (16 points per octave), interpolated linearly in L;
   - prefill attention of a chunk (new tokens after a cached prefix): a table over new-token
     counts (the edges and quarters of every 128-query tile, where wave quantisation jumps) x
-    prefixes (0 and 8 points per octave), interpolated bilinearly.
+    prefixes (0 and 8 points per octave), interpolated bilinearly;
+  - flat masked attention (engine attention.layout flat_masked, transformers): per query-token count
+    (built on first use), a table over the batch's KV tokens (16 points per octave), interpolated linearly.
 Error of the interpolation: below 0.5% of step time (tests/test_graph.py checks random mixed,
 prefill-only and decode-only steps of dense, MoE and sliding-window models against pricing every
 kernel exactly; `step_time(batch, exact=True)` does that).
@@ -40,13 +42,14 @@ from kernelsight.predictor.families.attention import Q_TILE
 
 from .batch import StepBatch
 from .engine_profile import EngineProfile
-from .graph import (KernelCall, decode_columns, decode_mean_kv, prefill_columns, sampled_kernels, step_kernels,
-                    token_kernels)
+from .graph import (KernelCall, decode_columns, decode_mean_kv, flat_attention_kernels, flat_kv_tokens,
+                    prefill_columns, sampled_kernels, step_kernels, token_kernels)
 from .model import ModelConfig
 from .parallel import ParallelConfig, shard
 
 DECODE_POINTS_PER_OCTAVE = 16
 PREFIX_POINTS_PER_OCTAVE = 8
+FLAT_KV_LIMIT = 1 << 24  # flat masked attention: KV tokens of a whole batch tabulated up to this (exact beyond)
 US = 1e-6
 
 
@@ -96,6 +99,10 @@ class StepPricer:
         self._new_grid = _tile_grid(self.max_tokens, Q_TILE)
         self._prefix_grid = [0, *_geometric_grid(2 * model.max_position, PREFIX_POINTS_PER_OCTAVE)]
         self._prefill = [None] * len(self.kinds)  # per kind: new x prefix table (one launch), built on use
+        self.flat = engine.attention.layout == "flat_masked"
+        self._flat_grid = _geometric_grid(FLAT_KV_LIMIT, DECODE_POINTS_PER_OCTAVE)
+        self._flat: dict[int, tuple] = {}  # query tokens -> (KV grid, step seconds), built on use
+        self._flat_launches = sum(c.count for c in flat_attention_kernels(model, self.shard, 1, 1))
 
     # -- public API ---------------------------------------------------------------------
     def step_time(self, batch: StepBatch, exact: bool = False) -> StepTime:
@@ -176,8 +183,10 @@ class StepPricer:
 
     def _finish(self, batch: StepBatch, mode: str, kernel_s: float) -> StepTime:
         host = self.engine.host
-        calls_per_layer = bool(batch.prefill_new) + bool(batch.decode_ctx)
-        attention_launches = calls_per_layer * self.model.layers
+        if self.flat:
+            attention_launches = self._flat_launches
+        else:
+            attention_launches = (bool(batch.prefill_new) + bool(batch.decode_ctx)) * self.model.layers
         eager = self._smp_launches if batch.num_sampled else 0
         if mode == "full":
             cpu = host.graph_launch_us + eager * host.kernel_launch_us
@@ -193,7 +202,12 @@ class StepPricer:
         return StepTime(gpu, host_s, total)
 
     def _attention(self, batch: StepBatch) -> tuple[float, float]:
-        """(prefill, decode) attention seconds of the step, from the interpolated tables."""
+        """(prefill, decode) attention seconds of the step, from the interpolated tables (flat masked
+        attention: one step total, shared by the prefill and decode query tokens)."""
+        if self.flat:
+            total = self._flat_seconds(batch.num_tokens, flat_kv_tokens(batch))
+            share = batch.num_prefill_tokens / batch.num_tokens
+            return total * share, total * (1 - share)
         prefill = decode = 0.0
         for i, kind in enumerate(self.kinds):
             if batch.prefill_new:
@@ -213,6 +227,19 @@ class StepPricer:
             call = KernelCall("attn_decode", "attn_decode", self._decode_cols(kind, n, np.asarray(grid)), 1)
             values = self._decode[kind][n] = self._price([call])[0].tolist()
         return _lerp(grid, values, mean_kv)
+
+    def _flat_seconds(self, q_tokens: int, kv_tokens: int) -> float:
+        """Flat masked attention of a step, all layers: per query-token count, a table over KV tokens
+        (>= the query tokens: each query's own key is gathered too), interpolated linearly."""
+        if kv_tokens >= self._flat_grid[-1]:
+            calls = flat_attention_kernels(self.model, self.shard, q_tokens, kv_tokens)
+            return sum(c.count * float(x.sum()) for c, x in zip(calls, self._price(calls)))
+        table = self._flat.get(q_tokens)
+        if table is None:
+            grid = [q_tokens, *(g for g in self._flat_grid if g > q_tokens)]
+            calls = flat_attention_kernels(self.model, self.shard, q_tokens, np.asarray(grid))
+            table = self._flat[q_tokens] = (grid, sum(c.count * x for c, x in zip(calls, self._price(calls))).tolist())
+        return _lerp(table[0], table[1], kv_tokens)
 
     def _decode_cols(self, kind: int, n: int, seq_kv) -> dict:
         return decode_columns(self.model, self.shard, self.engine, n, seq_kv, self.kinds[kind].window)

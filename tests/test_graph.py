@@ -194,6 +194,34 @@ def test_memoised_step_time_is_within_half_a_percent_of_exact(model, parallel):
     assert worst < 0.005
 
 
+def test_flat_masked_attention_is_one_sdpa_over_the_whole_batch():
+    """transformers' paged|sdpa: per layer a gather of every request's whole KV, repeat_kv to the query heads
+    and ONE non-causal SDPA of all query tokens x all KV tokens; its tables match exact pricing."""
+    flat = load_engine("transformers_cb")
+    calls = calls_by_name("llama3.1-8b", MIXED, engine=flat)
+    kv_total = 1000 + 37 + 2048 + 100 + 2000 + 4097
+    sdpa = calls["attn_flat"]
+    assert (sdpa.cols["seq_q"], sdpa.cols["seq_kv"], sdpa.cols["causal"]) == (1040, kv_total, False)
+    assert sdpa.cols["heads"] == sdpa.cols["kv_heads"] == 32 and sdpa.count == 32
+    assert calls["kv_gather"].cols["numel"] == 2 * kv_total * 8 * 128
+    assert calls["repeat_kv"].cols["numel"] == 2 * kv_total * 32 * 128
+    assert calls["attn_mask"].cols["numel"] == 1040 * kv_total and calls["attn_mask"].count == 1
+    assert not {"attn_prefill", "attn_decode", "qkv_proj", "gate_up_proj"} & set(calls)  # nothing fused
+    p = pricer(engine=flat)
+    worst = 0.0
+    for batch in random_batches(seed=3, n=60):
+        fast, exact = p.step_time(batch), p.step_time(batch, exact=True)
+        worst = max(worst, abs(fast.gpu_s - exact.gpu_s) / exact.gpu_s)
+    assert worst < 0.005
+    # a 1024-token prompt beside 32 decodes: its queries meet every request's keys (33x the decode-only work;
+    # at the roofline the gathered KV bytes, which the prompt adds little to, keep it above 2x)
+    decodes = StepBatch(decode_ctx=(1100,) * 32)
+    mixed = StepBatch(prefill_new=(1024,), prefill_ctx=(0,), decode_ctx=(1100,) * 32, prefill_sampled=1)
+    a, b = p.breakdown(decodes), p.breakdown(mixed)
+    attention = lambda d: d["family"].get("attn_prefill", 0) + d["family"].get("attn_decode", 0)  # noqa: E731
+    assert attention(b) > 2 * attention(a)
+
+
 def test_exact_step_time_is_the_sum_of_kernel_rooflines():
     p = pricer()
     batch = StepBatch(decode_ctx=(1024,) * 64)

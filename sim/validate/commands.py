@@ -146,6 +146,10 @@ def _tpot_floor(rows, models, engine: EngineProfile) -> list[float]:
 
 def validate(cfg) -> pd.DataFrame:
     """Entry point of `kernelsight validate` (returns the per-row table)."""
+    if cfg.serve.run:  # our own bench serve runs instead of a validation CSV
+        from .serve import validate_serve_command
+
+        return validate_serve_command(cfg)
     start = time.perf_counter()
     csv = Path(cfg.csv) if cfg.csv else default_csv()
     rows = read_rows(csv)

@@ -98,7 +98,7 @@ class StepLog:
     warnings: tuple = ()
 
 
-class _Recorder:
+class Recorder:
     """Engine recorder that keeps the step log's columns (the Engine calls step() and request())."""
     # Request ids of a synthetic stream are its send order (closed loop: clients send in stream order).
 
@@ -154,7 +154,7 @@ def simulate_row(row: ValidationRow, model, tier: Tier, settings: RunSettings,
             raise KernelsightError("validation needs engine.host.async_scheduling=false: the step log of a "
                                    "synchronous engine is what makes the composition fit exact")
         n = num_requests or settings.num_requests(row)
-        recorder = _Recorder()
+        recorder = Recorder()
         workload = Workload(WorkloadConfig.from_config(_workload(row)))
         engine = Engine(setup.replicas(), max_model_len=setup.max_model_len,
                         max_concurrency=row.concurrency, recorder=recorder)
@@ -164,18 +164,19 @@ def simulate_row(row: ValidationRow, model, tier: Tier, settings: RunSettings,
     if summary["failed"]:
         raise KernelsightError(f"row {row.line} ({row.row_id}): {summary['failed']} requests of isl {row.isl} + "
                                f"osl {row.osl} do not fit the simulated KV cache ({setup.num_blocks} blocks)")
-    log = _step_log(recorder, summary, setup.num_blocks, wall, row)
+    log = step_log(recorder, summary, setup.num_blocks, wall, f"row {row.line} ({row.row_id})")
     log.warnings = tuple(dict.fromkeys(str(w.message).splitlines()[0] for w in caught))
     return log
 
 
-def _step_log(rec: _Recorder, summary: dict, kv_blocks: int, wall: float, row: ValidationRow) -> StepLog:
+def step_log(rec: "Recorder", summary: dict, kv_blocks: int, wall: float, where: str) -> StepLog:
+    """The step log of a finished synchronous closed-loop run (KernelsightError where it idled)."""
     steps = np.asarray(rec.steps, dtype=np.float64).reshape(-1, 5)
     t_end, gpu, host = steps[:, 0], steps[:, 1], steps[:, 2]
     expected = np.cumsum(gpu + host)
     if not np.allclose(t_end, expected, rtol=TIME_IDENTITY_RTOL, atol=1e-12):
         bad = int(np.argmax(~np.isclose(t_end, expected, rtol=TIME_IDENTITY_RTOL, atol=1e-12)))
-        raise KernelsightError(f"row {row.line} ({row.row_id}): step {bad} ends at {t_end[bad]:.6f} s, not at the "
+        raise KernelsightError(f"{where}: step {bad} ends at {t_end[bad]:.6f} s, not at the "
                                f"sum of the step times before it ({expected[bad]:.6f} s): the engine idled, so "
                                f"the step log cannot re-price this run")
     reqs = np.asarray(rec.requests, dtype=np.float64).reshape(-1, 5)
@@ -186,7 +187,7 @@ def _step_log(rec: _Recorder, summary: dict, kv_blocks: int, wall: float, row: V
         idx = np.where(zero & allow_zero, -1, idx)
         found = np.where(idx >= 0, t_end[np.clip(idx, 0, len(t_end) - 1)], 0.0)
         if not np.allclose(found, times, rtol=TIME_IDENTITY_RTOL, atol=1e-12):
-            raise KernelsightError(f"row {row.line} ({row.row_id}): a request event falls between step ends; "
+            raise KernelsightError(f"{where}: a request event falls between step ends; "
                                    f"the step log cannot re-price this run")
         return idx.astype(np.int64)
 

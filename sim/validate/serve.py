@@ -1,0 +1,234 @@
+"""The simulator against our own serving runs (`kernelsight bench serve`, data/validation/transformers).
+
+A run directory holds, per workload, the requests as sent (<workload>_trace.csv), one measured row per
+request (<workload>.parquet) and the workload's definition (workloads.json); run.json names the model and
+GPU, engine.json what the engine resolved. Each workload is replayed in the simulator: the trace's arrival
+times (Poisson) or its closed loop of `concurrency` clients, the same lengths and shared prefix, under an
+engine profile (conf/engine/transformers_cb.yaml). Scored per workload: mean TTFT, mean TPOT and output
+throughput: for Poisson workloads output tokens / (last finish - first send), as bench serve's summary.csv
+computes it; for closed loops concurrency * osl / (TTFT + (osl - 1) * TPOT) from the means, the definition
+`kernelsight validate` uses for the vLLM rows (measured, simulated and held-out alike).
+
+Host terms (composition.py). A synchronous closed loop's step log is independent of step durations, so
+its means are affine in the host terms: they are fitted on the closed-loop workloads, and each
+closed-loop workload is also scored with terms fitted on the others (leave-one-workload-out; every
+workload of a run is the same model). The Poisson workloads are never fitted on: they are simulated again
+with the terms fitted on all closed-loop workloads and scored as held-out traffic.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from omegaconf import OmegaConf
+
+from kernelsight.predictor.errors import KernelsightError
+from kernelsight.predictor.hardware import load_hardware
+from kernelsight.predictor.paths import conf_dir, read_yaml
+from kernelsight.sim.engine import Engine
+from kernelsight.sim.engine_profile import EngineProfile
+from kernelsight.sim.model import load_model
+from kernelsight.sim.simulate import build_setup
+
+from . import composition as comp
+from .run import Recorder, step_log
+
+
+@dataclass(frozen=True)
+class ServeWorkloadRun:
+    """One measured workload of a run: its definition, trace file and measured means."""
+
+    name: str
+    arrival: str
+    concurrency: int | None
+    rate: float | None
+    shared_prefix: int
+    osl: int
+    trace: Path
+    requests: int
+    ttft_ms: float
+    tpot_ms: float
+    throughput: float  # output tokens per second
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise KernelsightError(f"{path}: not a readable bench serve record ({e})") from None
+
+
+def load_run(run_dir) -> tuple[dict, list[ServeWorkloadRun]]:
+    """(run.json, the measured workloads in definition order) of a bench serve run directory."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise KernelsightError(f"serve={run_dir}: no such run directory (kernelsight bench serve writes "
+                               f"data/validation/transformers/<gpu>/<run_id>/)")
+    env = _read_json(run_dir / "run.json")
+    overrides = {k: v for k, v in (env.get("config", {}).get("model_overrides") or {}).items() if v is not None}
+    if overrides:
+        raise KernelsightError(f"{run_dir}: measured with model_overrides {overrides}; the simulator prices the "
+                               f"shipped architecture only")
+    out = []
+    for name, record in _read_json(run_dir / "workloads.json").items():
+        w = record.get("workload", {}) if isinstance(record, dict) else {}
+        try:
+            rows = pd.read_parquet(run_dir / f"{name}.parquet")
+        except Exception as e:  # noqa: BLE001 - any unreadable file is one line
+            raise KernelsightError(f"{run_dir / (name + '.parquet')}: not readable ({e})") from None
+        missing = {"ttft_ms", "tpot_ms", "send_s", "finish_s", "output_len"} - set(rows.columns)
+        if missing or rows.empty:
+            raise KernelsightError(f"{run_dir / (name + '.parquet')}: no measured requests or missing columns "
+                                   f"{sorted(missing)}")
+        span = rows["finish_s"].max() - rows["send_s"].min()
+        out.append(ServeWorkloadRun(
+            name=name, arrival=str(w.get("arrival")), concurrency=w.get("concurrency"), rate=w.get("rate"),
+            shared_prefix=int(w.get("shared_prefix", 0)), osl=int(w.get("osl", 0)), trace=run_dir / f"{name}_trace.csv", requests=len(rows),
+            ttft_ms=float(rows["ttft_ms"].mean()), tpot_ms=float(rows["tpot_ms"].mean()),
+            throughput=(closed_throughput(w.get("concurrency"), int(w.get("osl", 0)), rows["ttft_ms"].mean(),
+                                          rows["tpot_ms"].mean()) if w.get("arrival") == "closed_loop"
+                        else float(rows["output_len"].sum() / span))))
+    if not out:
+        raise KernelsightError(f"{run_dir}/workloads.json: no measured workloads")
+    return env, out
+
+
+def _config(env: dict, w: ServeWorkloadRun, engine: dict, tier: dict):
+    cfg = env.get("config", {})
+    workload = read_yaml(conf_dir() / "workload" / "trace.yaml", "workload")
+    workload.update({"name": w.name, "trace_file": str(w.trace),
+                     "max_concurrency": w.concurrency if w.arrival == "closed_loop" else None})
+    return OmegaConf.create({
+        "model": load_model(cfg.get("model", {}).get("name", "?")).as_dict(),
+        "hardware": load_hardware(env.get("device", "?")).as_dict(),
+        "engine": engine, "parallel": read_yaml(conf_dir() / "parallel" / "default.yaml", "parallel"),
+        "workload": workload, "predictor": tier, "max_model_len": None})
+
+
+def simulate_workload(env: dict, w: ServeWorkloadRun, engine: dict, tier: dict):
+    """(recorder, summary, setup) of one workload replayed in the simulator."""
+    setup = build_setup(_config(env, w, engine, tier))
+    recorder = Recorder()
+    sim = Engine(setup.replicas(), max_model_len=setup.max_model_len,
+                 max_concurrency=setup.workload.max_concurrency, recorder=recorder)
+    summary = sim.run(setup.workload.requests(None, 0))
+    if summary["failed"]:
+        raise KernelsightError(f"workload {w.name}: {summary['failed']} requests do not fit the simulated KV cache")
+    return recorder, summary, setup
+
+
+def closed_throughput(concurrency, osl, ttft_ms, tpot_ms):
+    """Output tokens/s of a closed loop from its mean TTFT and TPOT (issue 6's definition)."""
+    return concurrency * osl / (ttft_ms + (osl - 1) * tpot_ms) * 1e3
+
+
+def sim_metrics(recorder: Recorder, w: ServeWorkloadRun) -> tuple[float, float, float]:
+    """(mean TTFT ms, mean TPOT ms, output tokens/s) of a simulated run, as they are measured."""
+    r = np.asarray(recorder.requests, dtype=np.float64).reshape(-1, 5)
+    send, first, finish, osl = r[:, 0], r[:, 1], r[:, 2], r[:, 3]
+    many = osl > 1
+    ttft, tpot = float((first - send).mean() * 1e3), float(((finish - first)[many] / (osl[many] - 1)).mean() * 1e3)
+    if w.arrival == "closed_loop":
+        return ttft, tpot, closed_throughput(w.concurrency, w.osl, ttft, tpot)
+    return ttft, tpot, float(osl.sum() / (finish.max() - send.min()))
+
+
+def validate_serve(run_dir, engine_map: dict, tier: dict, params, metrics) -> tuple[pd.DataFrame, dict]:
+    """Per-workload table (measured, simulated with the profile's host terms, and held-out: closed loops
+    leave-one-workload-out, Poisson with the terms fitted on every closed loop) and the fitted terms."""
+    env, workloads = load_run(run_dir)
+    engine = EngineProfile.from_mapping(engine_map, "engine config")
+    if engine.host.async_scheduling:
+        raise KernelsightError("validate serve needs engine.host.async_scheduling=false (exact host-term fits)")
+    rows, lins, closed = [], [], []
+    for w in workloads:
+        t0 = time.perf_counter()
+        recorder, summary, setup = simulate_workload(env, w, engine_map, tier)
+        ttft, tpot, thr = sim_metrics(recorder, w)
+        rows.append({"workload": w.name, "arrival": w.arrival, "concurrency": w.concurrency, "rate": w.rate,
+                     "shared_prefix": w.shared_prefix, "requests": w.requests,
+                     "ttft": w.ttft_ms, "tpot": w.tpot_ms, "throughput": w.throughput,
+                     "ttft_simulated": ttft, "tpot_simulated": tpot, "throughput_simulated": thr,
+                     "prefix_hit_rate": summary.get("prefix_cache_hit_rate", np.nan),
+                     "steps": len(recorder.steps), "wall_s": time.perf_counter() - t0})
+        if w.arrival == "closed_loop":
+            log = step_log(recorder, summary, setup.num_blocks, 0.0, f"workload {w.name}")
+            lins.append(comp.linearize(log, engine.host, np.ones(len(log.request_id), dtype=bool)))
+            closed.append(len(rows) - 1)
+    df = pd.DataFrame(rows)
+    for col in ("ttft_heldout", "tpot_heldout", "throughput_heldout"):
+        df[col] = np.nan
+    if not lins:
+        return df, {}
+    measured = df.loc[closed, ["ttft", "tpot"]].to_numpy()
+    theta = comp.fit(lins, measured, params, metrics)
+    fits = {"all closed-loop workloads": theta}
+    if len(lins) > 1:
+        held, thetas = comp.leave_one_group_out(lins, measured, list(df.loc[closed, "workload"]), params, metrics)
+        fits.update({f"without {k}": v for k, v in thetas.items()})
+        for i, (ttft, tpot) in zip(closed, held):
+            w = workloads[i]
+            df.loc[i, ["ttft_heldout", "tpot_heldout", "throughput_heldout"]] = (
+                ttft, tpot, closed_throughput(w.concurrency, w.osl, ttft, tpot))
+    fitted = {**engine_map, "host": {**engine_map["host"], **{k: theta[k] for k in params}}}
+    for i, w in enumerate(workloads):
+        if w.arrival != "closed_loop":
+            recorder, _, _ = simulate_workload(env, w, fitted, tier)
+            df.loc[i, ["ttft_heldout", "tpot_heldout", "throughput_heldout"]] = sim_metrics(recorder, w)
+    for metric in ("ttft", "tpot", "throughput"):
+        for kind in ("simulated", "heldout"):
+            df[f"{metric}_{kind}_err_pct"] = (df[f"{metric}_{kind}"] / df[metric] - 1) * 100
+    return df, fits
+
+
+
+def validate_serve_command(cfg) -> pd.DataFrame:
+    """`kernelsight validate serve.run=DIR engine=transformers_cb`: score, report and write the table."""
+    from kernelsight.sim.schema import plain
+
+    from . import report as rep
+
+    start = time.perf_counter()
+    engine_map, serve = plain(cfg.engine), plain(cfg.serve)
+    if engine_map.get("engine") != "transformers":
+        raise KernelsightError(f"serve.run: bench serve runs are transformers' continuous batching; pass "
+                               f"engine=transformers_cb (got engine profile {engine_map.get('name')!r})")
+    target = plain(cfg.tiers).get("target") or {}
+    tier = {"tier": str(target.get("predictor_tier", "auto")), "bundle": target.get("bundle")}
+    params, metrics = list(serve["fit"]["params"]), list(serve["fit"]["metrics"])
+    df, fits = validate_serve(serve["run"], engine_map, tier, params, metrics)
+    table = rep.write_table(df, serve["table"])
+    lines = [f"# Validation against bench serve runs: {serve['run']}", "",
+             f"Engine profile {engine_map['name']}, predictor tier {tier['tier']} (bundle "
+             f"{tier['bundle'] or 'shipped'}). Means over every request of a workload (no warm-up excluded: "
+             f"bench serve warms the engine before the first workload). Host terms {', '.join(params)} fitted "
+             f"on log {' and '.join(m.upper() for m in metrics)} of the closed-loop workloads; 'held-out': "
+             f"closed loops with terms fitted without them, Poisson workloads (never fitted on) with the terms "
+             f"fitted on every closed loop. 'simulated': the profile's own host terms.", "",
+             "| workload | traffic | TTFT ms measured | simulated | held-out | TPOT ms measured | simulated | "
+             "held-out | throughput tok/s measured | simulated | held-out |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in df.itertuples():
+        traffic = (f"closed loop c={r.concurrency}" if r.arrival == "closed_loop" else f"Poisson {r.rate:g}/s") + \
+            (f", shared prefix {r.shared_prefix}" if r.shared_prefix else "")
+        cells = []
+        for m in ("ttft", "tpot", "throughput"):
+            cells += [f"{getattr(r, m):.1f}", f"{getattr(r, m + '_simulated'):.1f} "
+                      f"({getattr(r, m + '_simulated_err_pct'):+.0f}%)",
+                      f"{getattr(r, m + '_heldout'):.1f} ({getattr(r, m + '_heldout_err_pct'):+.0f}%)"]
+        lines.append(f"| {r.workload} | {traffic} | " + " | ".join(cells) + " |")
+    med = {m: df[f"{m}_heldout_err_pct"].abs().median() for m in ("ttft", "tpot", "throughput")}
+    lines += ["", "Median absolute held-out error: " + ", ".join(f"{m.upper()} {v:.1f}%" for m, v in med.items()),
+              "", "Fitted host terms (us):", ""]
+    lines += [f"- {name}: " + ", ".join(f"{k} {theta[k]:.0f}" for k in params) for name, theta in fits.items()]
+    lines += ["", f"Per-workload table: {table}; {time.perf_counter() - start:.0f} s."]
+    report = Path(serve["report"])
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines[6:]))
+    print(f"report: {report}  table: {table}")
+    return df
