@@ -162,8 +162,8 @@ def validate_serve(run_dir, engine_map: dict, tier: dict, params, metrics) -> tu
     df = pd.DataFrame(rows)
     for col in ("ttft_heldout", "tpot_heldout", "throughput_heldout"):
         df[col] = np.nan
-    if not lins:
-        return df, {}
+    if not lins:  # nothing to fit on: the profile's host terms only
+        return _with_errors(df), {}
     measured = df.loc[closed, ["ttft", "tpot"]].to_numpy()
     theta = comp.fit(lins, measured, params, metrics)
     fits = {"all closed-loop workloads": theta}
@@ -179,10 +179,15 @@ def validate_serve(run_dir, engine_map: dict, tier: dict, params, metrics) -> tu
         if w.arrival != "closed_loop":
             recorder, _, _ = simulate_workload(env, w, fitted, tier)
             df.loc[i, ["ttft_heldout", "tpot_heldout", "throughput_heldout"]] = sim_metrics(recorder, w)
+    return _with_errors(df), fits
+
+
+def _with_errors(df: pd.DataFrame) -> pd.DataFrame:
+    """Signed percentage errors of the simulated and held-out TTFT, TPOT and throughput."""
     for metric in ("ttft", "tpot", "throughput"):
         for kind in ("simulated", "heldout"):
             df[f"{metric}_{kind}_err_pct"] = (df[f"{metric}_{kind}"] / df[metric] - 1) * 100
-    return df, fits
+    return df
 
 
 
@@ -217,13 +222,17 @@ def validate_serve_command(cfg) -> pd.DataFrame:
             (f", shared prefix {r.shared_prefix}" if r.shared_prefix else "")
         cells = []
         for m in ("ttft", "tpot", "throughput"):
-            cells += [f"{getattr(r, m):.1f}", f"{getattr(r, m + '_simulated'):.1f} "
-                      f"({getattr(r, m + '_simulated_err_pct'):+.0f}%)",
-                      f"{getattr(r, m + '_heldout'):.1f} ({getattr(r, m + '_heldout_err_pct'):+.0f}%)"]
+            cells += [f"{getattr(r, m):.1f}"] + [
+                f"{getattr(r, f'{m}_{kind}'):.1f} ({getattr(r, f'{m}_{kind}_err_pct'):+.0f}%)"
+                if np.isfinite(getattr(r, f"{m}_{kind}")) else "-" for kind in ("simulated", "heldout")]
         lines.append(f"| {r.workload} | {traffic} | " + " | ".join(cells) + " |")
     med = {m: df[f"{m}_heldout_err_pct"].abs().median() for m in ("ttft", "tpot", "throughput")}
-    lines += ["", "Median absolute held-out error: " + ", ".join(f"{m.upper()} {v:.1f}%" for m, v in med.items()),
-              "", "Fitted host terms (us):", ""]
+    if not fits:
+        lines += ["", "No closed-loop workload in this run: nothing fitted, no held-out scores (the profile's "
+                      "host terms only)."]
+    else:
+        lines += ["", "Median absolute held-out error: " + ", ".join(f"{m.upper()} {v:.1f}%" for m, v in med.items()),
+                  "", "Fitted host terms (us):", ""]
     lines += [f"- {name}: " + ", ".join(f"{k} {theta[k]:.0f}" for k in params) for name, theta in fits.items()]
     lines += ["", f"Per-workload table: {table}; {time.perf_counter() - start:.0f} s."]
     report = Path(serve["report"])
