@@ -7,7 +7,8 @@ flush. The flush reads rather than writes: a written buffer leaves the L2 full
 of dirty lines that the timed call must write back as it evicts them, up to
 L2 / HBM bandwidth (about 17 us on an H100) of time no serving step pays; the
 first H100 sweep (data/sweeps/h100_sxm/full-1, written-buffer flush) shows an
-excess of that size over aiconfigurator's cuBLAS timings of the same GEMMs. Calls shorter than `graph_below_us` are replayed from a CUDA graph so
+excess of that size over aiconfigurator's cuBLAS timings of the same GEMMs.
+Calls shorter than `graph_below_us` are replayed from a CUDA graph so
 launch gaps are not timed (recorded per row). On a CPU the same loop runs with
 time.perf_counter_ns and a last-level-cache flush buffer.
 

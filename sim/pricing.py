@@ -232,14 +232,17 @@ class StepPricer:
         """Flat masked attention of a step, all layers: per query-token count, a table over KV tokens
         (>= the query tokens: each query's own key is gathered too), interpolated linearly."""
         if kv_tokens >= self._flat_grid[-1]:
-            calls = flat_attention_kernels(self.model, self.shard, q_tokens, kv_tokens)
-            return sum(c.count * float(x.sum()) for c, x in zip(calls, self._price(calls)))
+            return float(self._flat_total(q_tokens, np.asarray([kv_tokens]))[0])
         table = self._flat.get(q_tokens)
         if table is None:
             grid = [q_tokens, *(g for g in self._flat_grid if g > q_tokens)]
-            calls = flat_attention_kernels(self.model, self.shard, q_tokens, np.asarray(grid))
-            table = self._flat[q_tokens] = (grid, sum(c.count * x for c, x in zip(calls, self._price(calls))).tolist())
+            table = self._flat[q_tokens] = (grid, self._flat_total(q_tokens, np.asarray(grid)).tolist())
         return _lerp(table[0], table[1], kv_tokens)
+
+    def _flat_total(self, q_tokens: int, kv_tokens: np.ndarray) -> np.ndarray:
+        """Seconds of a step's flat masked attention kernels (all layers) per entry of kv_tokens."""
+        calls = flat_attention_kernels(self.model, self.shard, q_tokens, kv_tokens)
+        return sum(c.count * x for c, x in zip(calls, self._price(calls)))
 
     def _decode_cols(self, kind: int, n: int, seq_kv) -> dict:
         return decode_columns(self.model, self.shard, self.engine, n, seq_kv, self.kinds[kind].window)

@@ -35,6 +35,7 @@ from kernelsight.sim.model import load_model
 from kernelsight.sim.simulate import build_setup
 
 from . import composition as comp
+from .rows import throughput
 from .run import Recorder, step_log
 
 
@@ -66,7 +67,7 @@ def load_run(run_dir) -> tuple[dict, list[ServeWorkloadRun]]:
     """(run.json, the measured workloads in definition order) of a bench serve run directory."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise KernelsightError(f"serve={run_dir}: no such run directory (kernelsight bench serve writes "
+        raise KernelsightError(f"serve.run={run_dir}: no such run directory (kernelsight bench serve writes "
                                f"data/validation/transformers/<gpu>/<run_id>/)")
     env = _read_json(run_dir / "run.json")
     overrides = {k: v for k, v in (env.get("config", {}).get("model_overrides") or {}).items() if v is not None}
@@ -87,10 +88,11 @@ def load_run(run_dir) -> tuple[dict, list[ServeWorkloadRun]]:
         span = rows["finish_s"].max() - rows["send_s"].min()
         out.append(ServeWorkloadRun(
             name=name, arrival=str(w.get("arrival")), concurrency=w.get("concurrency"), rate=w.get("rate"),
-            shared_prefix=int(w.get("shared_prefix", 0)), osl=int(w.get("osl", 0)), trace=run_dir / f"{name}_trace.csv", requests=len(rows),
+            shared_prefix=int(w.get("shared_prefix", 0)), osl=int(w.get("osl", 0)),
+            trace=run_dir / f"{name}_trace.csv", requests=len(rows),
             ttft_ms=float(rows["ttft_ms"].mean()), tpot_ms=float(rows["tpot_ms"].mean()),
-            throughput=(closed_throughput(w.get("concurrency"), int(w.get("osl", 0)), rows["ttft_ms"].mean(),
-                                          rows["tpot_ms"].mean()) if w.get("arrival") == "closed_loop"
+            throughput=(throughput(w.get("concurrency"), int(w.get("osl", 0)), rows["ttft_ms"].mean(),
+                                   rows["tpot_ms"].mean()) if w.get("arrival") == "closed_loop"
                         else float(rows["output_len"].sum() / span))))
     if not out:
         raise KernelsightError(f"{run_dir}/workloads.json: no measured workloads")
@@ -121,11 +123,6 @@ def simulate_workload(env: dict, w: ServeWorkloadRun, engine: dict, tier: dict):
     return recorder, summary, setup
 
 
-def closed_throughput(concurrency, osl, ttft_ms, tpot_ms):
-    """Output tokens/s of a closed loop from its mean TTFT and TPOT (issue 6's definition)."""
-    return concurrency * osl / (ttft_ms + (osl - 1) * tpot_ms) * 1e3
-
-
 def sim_metrics(recorder: Recorder, w: ServeWorkloadRun) -> tuple[float, float, float]:
     """(mean TTFT ms, mean TPOT ms, output tokens/s) of a simulated run, as they are measured."""
     r = np.asarray(recorder.requests, dtype=np.float64).reshape(-1, 5)
@@ -133,7 +130,7 @@ def sim_metrics(recorder: Recorder, w: ServeWorkloadRun) -> tuple[float, float, 
     many = osl > 1
     ttft, tpot = float((first - send).mean() * 1e3), float(((finish - first)[many] / (osl[many] - 1)).mean() * 1e3)
     if w.arrival == "closed_loop":
-        return ttft, tpot, closed_throughput(w.concurrency, w.osl, ttft, tpot)
+        return ttft, tpot, throughput(w.concurrency, w.osl, ttft, tpot)
     return ttft, tpot, float(osl.sum() / (finish.max() - send.min()))
 
 
@@ -173,7 +170,7 @@ def validate_serve(run_dir, engine_map: dict, tier: dict, params, metrics) -> tu
         for i, (ttft, tpot) in zip(closed, held):
             w = workloads[i]
             df.loc[i, ["ttft_heldout", "tpot_heldout", "throughput_heldout"]] = (
-                ttft, tpot, closed_throughput(w.concurrency, w.osl, ttft, tpot))
+                ttft, tpot, throughput(w.concurrency, w.osl, ttft, tpot))
     fitted = {**engine_map, "host": {**engine_map["host"], **{k: theta[k] for k in params}}}
     for i, w in enumerate(workloads):
         if w.arrival != "closed_loop":
