@@ -37,6 +37,8 @@ import math
 from collections import deque
 from typing import Iterable
 
+import numpy as np
+
 from kernelsight.predictor.errors import KernelsightError, did_you_mean
 from kernelsight.sim.kv_cache import KVCacheManager
 from kernelsight.sim.metrics import ServingMetrics
@@ -44,7 +46,7 @@ from kernelsight.sim.request import Request
 from kernelsight.sim.scheduler import ScheduledStep, Scheduler, SchedulerConfig
 
 # Event kinds, in the order they are handled at equal times.
-COMPLETE, ARRIVAL, FOLLOWUP, WAKE = 0, 1, 2, 3
+COMPLETE, ARRIVAL, FOLLOWUP, DELIVER, WAKE = 0, 1, 2, 3, 4
 
 ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
 
@@ -70,10 +72,11 @@ class Replica:
         self.last_complete = 0.0
         self.wake_pending = False
         self.busy_s = 0.0         # GPU time of the steps launched (first stage for PP)
+        self.in_frontend = 0      # routed here, not yet delivered to the scheduler
 
     @property
     def outstanding(self) -> int:
-        return self.scheduler.num_unfinished
+        return self.scheduler.num_unfinished + self.in_frontend
 
 
 class Router:
@@ -107,8 +110,15 @@ class Engine:
 
     def __init__(self, replicas: list[Replica], router: str = "least_outstanding",
                  max_model_len: int | None = None, max_concurrency: int | None = None,
-                 slo_ms: dict | None = None, recorder=None, breakdown=None):
+                 slo_ms: dict | None = None, recorder=None, breakdown=None,
+                 frontend_latency_s: float = 0.0, frontend_jitter_s: float = 0.0, seed: int = 0):
+        if frontend_latency_s < 0 or frontend_jitter_s < 0:
+            raise KernelsightError(f"frontend latency {frontend_latency_s} s and jitter {frontend_jitter_s} s "
+                                   f"must be >= 0")
         self.replicas = replicas
+        self.frontend_latency_s = frontend_latency_s
+        self.frontend_jitter_s = frontend_jitter_s
+        self._frontend_rng = np.random.default_rng(seed)
         self.router = Router(router, replicas)
         self.max_model_len = max_model_len
         self.max_concurrency = max_concurrency if max_concurrency else math.inf
@@ -168,6 +178,10 @@ class Engine:
             elif kind == FOLLOWUP:
                 self._blocked.append(payload)
                 self._drain(t)
+            elif kind == DELIVER:
+                replica.in_frontend -= 1
+                replica.scheduler.add_request(payload)
+                self._wake(replica, t)
             else:
                 replica.wake_pending = False
                 self._try_schedule(replica, t)
@@ -192,10 +206,17 @@ class Engine:
                 req = req.followup[1] if req.followup else None
             return
         req.replica = replica.index
-        replica.scheduler.add_request(req)
         self.in_system += 1
         if self.in_system > self.max_in_system:
             self.max_in_system = self.in_system
+        delay = self.frontend_latency_s
+        if self.frontend_jitter_s > 0:
+            delay += self._frontend_rng.exponential(self.frontend_jitter_s)
+        if delay > 0:
+            replica.in_frontend += 1
+            self._push(t + delay, DELIVER, req, replica)
+            return
+        replica.scheduler.add_request(req)
         self._wake(replica, t)
 
     def _wake(self, replica: Replica, t: float) -> None:

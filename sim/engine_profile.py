@@ -8,6 +8,7 @@ of every key; this module is its typed schema. Sections:
   attention   how a step's attention runs: paged kernels (vLLM) or one flat masked SDPA (transformers)
   cuda_graph  which steps replay a captured graph, at which padded sizes
   host        CPU time per step and whether it overlaps GPU work (pricing.py)
+  frontend    time from a client's send to the scheduler, counted in TTFT (engine.py)
   allreduce   which all-reduce implementation runs a TP all-reduce of a given size (pricing.py)
   memory      the non-KV memory terms of vLLM's profile run (memory.py)
 """
@@ -84,6 +85,15 @@ class HostSettings:
 
 
 @dataclass(frozen=True)
+class FrontendSettings:
+    """Client <-> scheduler path of a served engine (sim/engine.py): a sent request reaches the
+    scheduler latency_ms plus an exponential jitter of mean jitter_ms later, counted in TTFT."""
+
+    latency_ms: float
+    jitter_ms: float
+
+
+@dataclass(frozen=True)
 class AllReduceSettings:
     """vLLM's all-reduce flavour by message size: its custom kernel below custom_max_mib[world size]
     on NVLink, NCCL (the predictor's allreduce model) otherwise; the custom kernel's latency is
@@ -118,6 +128,7 @@ class EngineProfile:
     attention: AttentionSettings
     cuda_graph: CudaGraphSettings
     host: HostSettings
+    frontend: FrontendSettings
     allreduce: AllReduceSettings
     memory: MemorySettings
     source: str = ""
@@ -137,7 +148,7 @@ class EngineProfile:
         return cls(name=v["name"], engine=v["engine"], scheduler=SchedulerSettings(**sched),
                    kernels=KernelSettings(**v["kernels"]), attention=AttentionSettings(**v["attention"]),
                    cuda_graph=CudaGraphSettings(**graph),
-                   host=HostSettings(**v["host"]), allreduce=AllReduceSettings(**v["allreduce"]),
+                   host=HostSettings(**v["host"]), frontend=FrontendSettings(**v["frontend"]), allreduce=AllReduceSettings(**v["allreduce"]),
                    memory=MemorySettings(**v["memory"]), source=source)
 
 
@@ -175,6 +186,10 @@ _FIELDS = {
         "sampler_us": Spec("number"),
         "kernel_launch_us": Spec("number"),
         "graph_launch_us": Spec("number"),
+    }),
+    "frontend": Spec("section", fields={
+        "latency_ms": Spec("nonneg"),
+        "jitter_ms": Spec("nonneg"),
     }),
     "allreduce": Spec("section", fields={
         "custom": Spec("bool"),

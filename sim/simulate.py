@@ -67,6 +67,14 @@ class Setup:
         return build_replicas(self.parallel.dp, self.scheduler, self.num_blocks, lambda: self.pricer,
                               self.parallel.pp)
 
+    def new_engine(self, seed: int, router: str = "least_outstanding", **kwargs) -> Engine:
+        """A fresh Engine over fresh replicas, with this setup's concurrency limit and frontend path."""
+        frontend = self.engine.frontend
+        kwargs.setdefault("max_concurrency", self.workload.max_concurrency)
+        return Engine(self.replicas(), router, max_model_len=self.max_model_len,
+                      frontend_latency_s=frontend.latency_ms * 1e-3, frontend_jitter_s=frontend.jitter_ms * 1e-3,
+                      seed=seed, **kwargs)
+
     def describe(self) -> str:
         p = self.parallel
         layout = f"tp={p.tp} pp={p.pp} ep={p.ep} dp={p.dp}"
@@ -111,15 +119,13 @@ def run(setup: Setup, num_requests, seed: int, router: str = "least_outstanding"
         breakdown: bool = True) -> tuple[dict, Engine]:
     """Simulate; returns (summary dict, the engine with its metrics and breakdown)."""
     recorder = Recorder(out_dir, trace_steps, trace_kernel_steps) if out_dir is not None else None
-    replicas = setup.replicas()
-    engine = Engine(replicas, router, max_model_len=setup.max_model_len,
-                    max_concurrency=setup.workload.max_concurrency, slo_ms=slo_ms, recorder=recorder,
-                    breakdown=BreakdownAccumulator() if breakdown else None)
+    engine = setup.new_engine(seed, router, slo_ms=slo_ms, recorder=recorder,
+                              breakdown=BreakdownAccumulator() if breakdown else None)
     start = time.perf_counter()
     summary = engine.run(setup.workload.requests(num_requests, seed))
     summary["wall_s"] = time.perf_counter() - start
     if recorder is not None:
-        recorder.close(len(replicas))
+        recorder.close(len(engine.replicas))
     return summary, engine
 
 

@@ -10,7 +10,9 @@ holds the whole stream.
   requests/s (`.inf`: all at t = 0); `trace`: times and lengths replayed from
   a CSV/JSONL file. `max_concurrency` makes it closed loop (vllm bench serve
   --max-concurrency): with request_rate .inf, N clients each send their next
-  request as soon as their previous one finishes.
+  request as soon as their previous one finishes. `ramp_up_s` starts those N
+  clients evenly over that many seconds (client k at k * ramp_up_s / N) instead
+  of all at t = 0: clients out of phase, as in a loop that has run for a while.
 - Lengths (`input`, `output`): fixed, uniform (inclusive), lognormal (by its
   mean in tokens and sigma of log-length), or empirical rows of a trace in
   data/traces/ (input and output drawn from the *same* row when both name the
@@ -149,6 +151,7 @@ class WorkloadConfig:
     request_rate: float = 1.0
     burstiness: float = 1.0
     max_concurrency: int | None = None
+    ramp_up_s: float = 0.0
     input: LengthSpec | None = field(default_factory=lambda: LengthSpec(value=1024))
     output: LengthSpec | None = field(default_factory=lambda: LengthSpec(value=128))
     system_prompts: int = 0
@@ -186,6 +189,10 @@ class WorkloadConfig:
             raise KernelsightError(f"workload.max_concurrency={self.max_concurrency}: must be >= 1 (null: open loop)")
         if self.turns < 1:
             raise KernelsightError(f"workload.turns={self.turns}: must be >= 1")
+        if not self.ramp_up_s >= 0 or (self.ramp_up_s > 0 and not (self.max_concurrency and
+                                                                   math.isinf(self.request_rate))):
+            raise KernelsightError(f"workload.ramp_up_s={self.ramp_up_s}: must be >= 0, and > 0 only for a closed "
+                                   f"loop (max_concurrency set, request_rate .inf)")
         if self.system_prompts < 0 or self.system_prompt_len < 0 or \
                 (self.system_prompts > 0) != (self.system_prompt_len > 0):
             raise KernelsightError("workload: system_prompts and system_prompt_len must both be > 0 "
@@ -401,6 +408,8 @@ class Workload:
         next_id = 0
         made = 0
         first = True
+        ramp = cfg.ramp_up_s / cfg.max_concurrency if cfg.ramp_up_s > 0 else 0.0
+        started = 0     # conversations sent so far (ramp-up: the first max_concurrency are staggered)
         while made < num_requests:
             n_conv = min(CHUNK, -(-(num_requests - made) // cfg.turns))
             if math.isinf(rate):
@@ -422,6 +431,9 @@ class Workload:
                 if not first:
                     t += float(gaps[c])
                 first = False
+                if ramp:
+                    t = ramp * started if started < cfg.max_concurrency else 0.0
+                started += 1
                 history: tuple = ()
                 if prompts is not None:
                     history = (((SHARED_PREFIX, int(prompts[c])), cfg.system_prompt_len),)

@@ -230,3 +230,12 @@ def test_engine_profile_schema_refuses_bad_values(tmp_path):
     path.write_text(yaml.safe_dump(engine))
     with pytest.raises(KernelsightError, match="strictly increasing"):
         load_engine(path)
+    engine["cuda_graph"]["capture_sizes"] = [1, 2, 4]
+    engine["frontend"]["jitter_ms"] = -3
+    path.write_text(yaml.safe_dump(engine))
+    with pytest.raises(KernelsightError, match="'frontend.jitter_ms' = -3"):
+        load_engine(path)
+    del engine["frontend"]
+    path.write_text(yaml.safe_dump(engine))
+    with pytest.raises(KernelsightError, match="frontend"):
+        load_engine(path)

@@ -40,10 +40,11 @@ class Rows:
         self.requests.append(req)
 
 
-def run_engine(workload: dict, n: int, blocks=2000, seed=0, **sched):
+def run_engine(workload: dict, n: int, blocks=2000, seed=0, frontend=(0.0, 0.0), **sched):
     cfg = SchedulerConfig(**{"max_num_batched_tokens": 512, "max_num_seqs": 64, "block_size": 16, **sched})
     w = Workload(WorkloadConfig.from_config(workload))
-    eng = Engine(build_replicas(1, cfg, blocks, LinearPricer), max_concurrency=w.max_concurrency, recorder=Rows())
+    eng = Engine(build_replicas(1, cfg, blocks, LinearPricer), max_concurrency=w.max_concurrency, recorder=Rows(),
+                 frontend_latency_s=frontend[0], frontend_jitter_s=frontend[1], seed=seed)
     return eng.run(w.requests(n, seed)), eng.recorder.requests
 
 
@@ -83,6 +84,30 @@ def test_closed_loop_holds_the_concurrency_at_every_instant():
     finishes = sorted(r.finish_time for r in reqs)
     assert sends[:c] == [0.0] * c
     np.testing.assert_allclose(sends[c:], finishes[:300 - c])
+
+
+def test_frontend_delay_counts_in_ttft_and_makes_a_closed_loop_client_miss_the_next_step():
+    closed = {"arrival": "poisson", "request_rate": float("inf"), "max_concurrency": 1,
+              "input": {"dist": "fixed", "value": 100}, "output": {"dist": "fixed", "value": 5}}
+    # One client: without a frontend its next request joins the step scheduled at its finish (TTFT = one
+    # prefill step); 2 ms of frontend latency lands it mid-step on an idle engine: TTFT = 2 ms + the prefill.
+    prefill = 0.006 + 4e-5 * 100 + 0.001
+    _, plain = run_engine(closed, 4)
+    _, delayed = run_engine(closed, 4, frontend=(0.002, 0.0))
+    assert [r.first_token_time - r.arrival_time for r in plain] == pytest.approx([prefill] * 4)
+    assert [r.first_token_time - r.arrival_time for r in delayed] == pytest.approx([0.002 + prefill] * 4)
+    # Two clients in lockstep: the second one's next request, 1 ms late, waits out the step scheduled
+    # at its finish (a decode of the other client) before its prefill.
+    two = {**closed, "max_concurrency": 2}
+    _, reqs = run_engine(two, 6, frontend=(0.001, 0.0))
+    assert all(r.first_token_time - r.arrival_time >= 0.001 + prefill for r in reqs)
+    # Jitter is seeded: the same seed gives the same run, another seed another.
+    a = [r.first_token_time for r in run_engine(two, 20, frontend=(0.001, 0.004), seed=1)[1]]
+    b = [r.first_token_time for r in run_engine(two, 20, frontend=(0.001, 0.004), seed=1)[1]]
+    c = [r.first_token_time for r in run_engine(two, 20, frontend=(0.001, 0.004), seed=2)[1]]
+    assert a == b and a != c
+    with pytest.raises(KernelsightError, match="must be >= 0"):
+        run_engine(closed, 1, frontend=(-0.001, 0.0))
 
 
 def test_goodput_counts_requests_meeting_every_slo():

@@ -128,19 +128,24 @@ def small_row(**kw) -> ValidationRow:
     return ValidationRow(**{**base, **kw})
 
 
-def engine_map(**host) -> dict:
-    """The shipped engine profile as a mapping, with host terms replaced."""
+def engine_map(frontend: dict | None = None, **host) -> dict:
+    """The shipped engine profile as a mapping, with host terms (and the frontend) replaced."""
     engine = OmegaConf.to_container(OmegaConf.load(conf_dir() / "engine" / "vllm_v1.yaml"))
     engine["host"].update(host)
+    engine["frontend"].update(frontend or {})
     return engine
+
+
+NO_FRONTEND = {"latency_ms": 0.0, "jitter_ms": 0.0}
 
 
 ROOFLINE = Tier("roofline", "roofline", None)
 
 
 def test_step_log_reproduces_the_engine_metrics_and_reprices_exactly():
+    # Without a frontend delay and with a burst start, every send is a completion event: exact re-pricing.
     row, model = small_row(), load_model("llama3.1-8b")
-    settings = RunSettings(0, 1, 1, 0, engine_map())
+    settings = RunSettings(0, 1, 1, 0, engine_map(NO_FRONTEND), start="burst")
     log = simulate_row(row, model, ROOFLINE, settings, num_requests=30)
     host = load_engine("vllm_v1").host
     everyone = comp.measured_requests(log, row.concurrency, 0)
@@ -149,12 +154,31 @@ def test_step_log_reproduces_the_engine_metrics_and_reprices_exactly():
     assert lin.tpot0 == pytest.approx(log.summary["mean_tpot_ms"], rel=1e-9)
     # Other host terms: the affine re-pricing equals simulating again with them.
     theta = {"step_overhead_us": 2500.0, "per_request_us": 40.0, "sampler_us": 0.0}
-    again = simulate_row(row, model, ROOFLINE, dataclasses.replace(settings, engine=engine_map(**theta)),
+    again = simulate_row(row, model, ROOFLINE, dataclasses.replace(settings, engine=engine_map(NO_FRONTEND, **theta)),
                          num_requests=30)
     ttft, tpot = lin.metrics(theta)
     assert ttft == pytest.approx(again.summary["mean_ttft_ms"], rel=1e-9)
     assert tpot == pytest.approx(again.summary["mean_tpot_ms"], rel=1e-9)
     assert ttft > lin.ttft0 and tpot > lin.tpot0
+
+
+def test_step_log_with_frontend_delays_and_staggered_start_keeps_idle_time_and_send_offsets():
+    # The shipped profile: requests reach the scheduler after a jittered frontend delay, clients start out of
+    # phase, so the engine idles and start-up sends fall between step ends. The log still reproduces the
+    # simulated metrics exactly; re-pricing holds the schedule fixed, so it is close, not exact.
+    row, model = small_row(concurrency=3), load_model("llama3.1-8b")
+    settings = RunSettings(0, 1, 1, 0, engine_map())
+    log = simulate_row(row, model, ROOFLINE, settings, num_requests=30)
+    assert log.idle_s.sum() > 0 and (log.send_offset_s > 0).any()
+    lin = comp.linearize(log, load_engine("vllm_v1").host, comp.measured_requests(log, row.concurrency, 0))
+    assert lin.ttft0 == pytest.approx(log.summary["mean_ttft_ms"], rel=1e-9)
+    assert lin.tpot0 == pytest.approx(log.summary["mean_tpot_ms"], rel=1e-9)
+    theta = {"step_overhead_us": 300.0, "per_request_us": 25.0, "sampler_us": 0.0}
+    again = simulate_row(row, model, ROOFLINE, dataclasses.replace(settings, engine=engine_map(**theta)),
+                         num_requests=30)
+    ttft, tpot = lin.metrics(theta)
+    assert ttft == pytest.approx(again.summary["mean_ttft_ms"], rel=0.1)
+    assert tpot == pytest.approx(again.summary["mean_tpot_ms"], rel=0.02)
 
 
 def test_warmup_rounds_are_excluded_by_send_order():

@@ -33,6 +33,12 @@ def test_infinite_rate_sends_everything_at_once():
     assert (arrivals(workload(request_rate=math.inf), 50) == 0).all()
 
 
+def test_ramp_up_starts_closed_loop_clients_evenly_then_sends_on_completion():
+    times = arrivals(workload(request_rate=math.inf, max_concurrency=4, ramp_up_s=2.0), 10)
+    np.testing.assert_allclose(times[:4], [0.0, 0.5, 1.0, 1.5])
+    assert (times[4:] == 0).all()      # later requests go out as soon as a client is free
+
+
 def test_length_distributions():
     w = workload(input={"dist": "lognormal", "mean": 300.0, "sigma": 0.7},
                  output={"dist": "uniform", "low": 5, "high": 9})
@@ -154,6 +160,8 @@ def test_bad_jsonl_line_names_its_row(tmp_path):
     ({"input": {"dist": "lognormal", "mean": 3.0}}, r"workload.input: dist lognormal needs sigma"),
     ({"request_rate": "fast"}, r"workload.request_rate='fast': must be a number"),
     ({"turns": 0}, r"workload.turns=0: must be >= 1"),
+    ({"ramp_up_s": 1.0}, r"workload.ramp_up_s=1.0: .*only for a closed loop"),
+    ({"ramp_up_s": -1.0, "max_concurrency": 4, "request_rate": math.inf}, r"workload.ramp_up_s=-1.0: must be >= 0"),
     ({"arrival": "trace"}, r"needs workload.trace_file"),
     ({"system_prompts": 4}, r"system_prompts and system_prompt_len must both be > 0"),
     ({"input": {"dist": "empirical", "trace": "splitwise_cnv"}}, r"did you mean 'splitwise_conv'"),

@@ -33,7 +33,7 @@ from . import composition as comp
 from . import report as rep
 from .allreduce import custom_allreduce_rows, fit_custom_allreduce
 from .rows import default_csv, model_for, parse_mappings, read_rows, throughput
-from .run import RunSettings, Tier, first_token_group, simulate_rows
+from .run import START_MODES, RunSettings, Tier, first_token_group, simulate_rows
 
 
 def portable(path) -> str:
@@ -109,7 +109,9 @@ def _settings(cfg, engine: dict) -> RunSettings:
         if not isinstance(p.get(key), int) or p[key] < (0 if key == "warmup_rounds" else 1):
             raise KernelsightError(f"protocol.{key}={p.get(key)!r}: must be an integer >= "
                                    f"{0 if key == 'warmup_rounds' else 1}")
-    return RunSettings(p["warmup_rounds"], p["min_rounds"], p["decode_steps"], int(cfg.seed), engine)
+    if p.get("start") not in START_MODES:
+        raise KernelsightError(f"protocol.start={p.get('start')!r}: choose one of {', '.join(START_MODES)}")
+    return RunSettings(p["warmup_rounds"], p["min_rounds"], p["decode_steps"], int(cfg.seed), engine, p["start"])
 
 
 def _tpot_floor(rows, models, engine: EngineProfile) -> list[float]:
@@ -249,10 +251,13 @@ def _protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mapping
               f"each client sends {settings.warmup_rounds} warmup rounds (excluded, as the benchmark's "
               f"2 x concurrency warmup requests) + max({settings.min_rounds}, ceil({settings.decode_steps} / osl)) "
               f"measured rounds; TTFT and TPOT are means over the measured requests")
-    out = [f"closed loop at the row's concurrency, fixed isl / osl, unique prompts; {rounds}",
+    start = ("clients started evenly over one round (the time one request takes with clients out of phase)"
+             if settings.start == "staggered" else "every client's first request at t = 0")
+    out = [f"closed loop at the row's concurrency, fixed isl / osl, unique prompts; {rounds}; {start}",
            f"engine profile {engine.name}: max_num_batched_tokens {engine.scheduler.max_num_batched_tokens}, "
            f"max_num_seqs {engine.scheduler.max_num_seqs}, CUDA graphs {engine.cuda_graph.mode}, async scheduling "
-           f"{engine.host.async_scheduling}",
+           f"{engine.host.async_scheduling}, frontend {engine.frontend.latency_ms:g} ms + exponential jitter of mean "
+           f"{engine.frontend.jitter_ms:g} ms (counted in TTFT)",
            "throughput (measured and predicted alike) = concurrency x osl / (TTFT + (osl - 1) x TPOT)"]
     for tier, exclude in tiers:
         src = portable(tier.bundle) if tier.bundle else "the shipped bundle (data/artifacts/default)"

@@ -4,9 +4,12 @@ The host model (sim/pricing.py) adds to every step of a synchronous engine
 
     host_s = step_overhead_us + per_request_us * scheduled sequences + sampler_us * [step samples]
 
-(microseconds). A row's step log (run.py) fixes which requests run in which step,
-independently of step durations, so the mean TTFT and TPOT of its measured
-requests are AFFINE in these parameters:
+(microseconds). A row's step log (run.py) records which requests ran in which
+step; holding that schedule (and the engine's idle time) fixed, the mean TTFT and
+TPOT of its measured requests are AFFINE in these parameters (exact when every
+send is a completion event: no frontend delay, a burst start; with a frontend
+delay a changed step time can move an arrival into another step, which this
+ignores):
 
     mean TTFT(theta) = mean TTFT(theta0) + sum_k (theta_k - theta0_k) * dTTFT/dtheta_k
 
@@ -67,21 +70,21 @@ def linearize(log, host, measured: np.ndarray) -> Linearized:
     """Coefficients of one step log (see the module docstring); host: the simulated HostSettings."""
     if not measured.any():
         raise KernelsightError("no measured requests after the warmup rounds")
-    step = log.gpu_s + log.host_s
+    step = log.gpu_s + log.host_s + log.idle_s
 
-    def window_means(values: np.ndarray) -> tuple[float, float]:
+    def window_means(values: np.ndarray, offset: np.ndarray) -> tuple[float, float]:
         cum = np.concatenate([[0.0], np.cumsum(values)])
         send, first, finish = log.send[measured] + 1, log.first[measured] + 1, log.finish[measured] + 1
         osl = log.output_len[measured]
-        ttft = cum[first] - cum[send]
+        ttft = cum[first] - cum[send] - offset
         many = osl > 1
         tpot = (cum[finish[many]] - cum[first[many]]) / (osl[many] - 1)
         return float(ttft.mean()), float(tpot.mean()) if many.any() else float("nan")
 
-    ttft0, tpot0 = window_means(step)
+    ttft0, tpot0 = window_means(step, log.send_offset_s[measured])
     dttft, dtpot = {}, {}
     for name, feature in TERMS.items():
-        dttft[name], dtpot[name] = window_means(feature(log) * US)
+        dttft[name], dtpot[name] = window_means(feature(log) * US, 0.0)
     theta0 = {name: float(getattr(host, name)) for name in TERMS}
     return Linearized(theta0, ttft0 * 1e3, tpot0 * 1e3, {k: v * 1e3 for k, v in dttft.items()},
                       {k: v * 1e3 for k, v in dtpot.items()})

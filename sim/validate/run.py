@@ -4,19 +4,28 @@ Protocol of a row (the benchmark's, see data/validation/README.md): `concurrency
 clients, each sending its next request the moment its previous one finished,
 every request exactly `isl` prompt and `osl` output tokens, unique prompts (no
 prefix-cache hits), one replica of tp_size GPUs. Every client sends `rounds`
-requests (RunSettings); the first warmup rounds, which contain the start-up
-burst of all clients sending at t = 0, are excluded from the means, as the
-benchmark's warmup requests are.
+requests (RunSettings); the first warmup rounds are excluded from the means, as
+the benchmark's warmup requests are.
 
-Step log. With synchronous scheduling (vLLM 0.11-0.12's default) and a closed
-loop, which requests run in which step does not depend on how long steps take:
-every arrival is a completion event. Step n then ends at
-    T[n] = sum_{i <= n} (gpu_i + host_i),
-and each request's TTFT and TPOT are sums of step times between its send, first
-token and finish steps. The log keeps, per step, the GPU seconds and the inputs
-of the host model (sim/pricing.py: one step, its scheduled sequences, whether it
-samples), and per request those three step indices. `composition.py` re-prices
-the whole run for other host parameters exactly, without simulating again.
+Start (RunSettings.start): `burst` sends every client's first request at t = 0;
+`staggered` spreads them evenly over one round, the time one request takes when
+clients are out of phase (its prefill alone plus osl decode steps of every
+client at the mean context). A simulated burst locks clients into cohorts that
+prefill together for the whole run (deterministic step times never break them
+up); the measured TTFTs at low concurrency, far below a cohort's, say the real
+clients do not stay locked.
+
+Step log. With synchronous scheduling (vLLM 0.11-0.12's default), which
+requests run in which step is recorded and held fixed; step n then ends at
+    T[n] = sum_{i <= n} (idle_i + host_i + gpu_i),
+idle_i being time the engine waited for a request (every client in the
+frontend). Each request's TTFT and TPOT are sums of step times between its
+send, first token and finish steps. The log keeps, per step, the GPU seconds,
+the idle time and the inputs of the host model (sim/pricing.py: one step, its
+scheduled sequences, whether it samples), and per request those three step
+indices. `composition.py` re-prices the whole run for other host parameters
+without simulating again: exactly without a frontend delay (every arrival is a
+completion event), and with the schedule and idle times held fixed otherwise.
 """
 from __future__ import annotations
 
@@ -30,12 +39,14 @@ from omegaconf import OmegaConf
 
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.hardware import load_hardware
-from kernelsight.sim.engine import Engine
+from kernelsight.sim.batch import StepBatch
 from kernelsight.sim.simulate import build_setup
 from kernelsight.sim.workload import Workload, WorkloadConfig
 
 from .rows import ValidationRow
 
+# How the clients' first requests go out (see the module docstring).
+START_MODES = ("staggered", "burst")
 # Relative tolerance of the step-log identity T[n] = cumsum(gpu + host) against the event loop's times.
 TIME_IDENTITY_RTOL = 1e-9
 
@@ -56,6 +67,7 @@ class RunSettings:
     decode_steps: int
     seed: int
     engine: dict
+    start: str = "staggered"
 
     def rounds(self, row: ValidationRow) -> int:
         return self.warmup_rounds + max(self.min_rounds, -(-self.decode_steps // row.osl))
@@ -77,17 +89,20 @@ class Tier:
 class StepLog:
     """One simulated row, re-priceable (see the module docstring).
 
-    Per step: gpu_s, host_s (as simulated), seqs (scheduled sequences), samples
-    (1 if the step samples a token): the inputs of the host model. Per request: send, first, finish = index of the step whose end is the
-    request's send time (-1 for t = 0), first token and last token; output_len;
-    request_id (the clients' send order).
+    Per step: gpu_s, host_s (as simulated), idle_s (the engine's wait before forming it), seqs
+    (scheduled sequences), samples (1 if the step samples a token): the inputs of the host model. Per request: send = index of the
+    last step ending at or before its send time (-1: none) and send_offset_s = the time past that end;
+    first, finish = index of the step whose end is its first and last token; output_len; request_id
+    (the clients' send order).
     """
 
     gpu_s: np.ndarray
     host_s: np.ndarray
+    idle_s: np.ndarray
     seqs: np.ndarray
     samples: np.ndarray
     send: np.ndarray
+    send_offset_s: np.ndarray
     first: np.ndarray
     finish: np.ndarray
     output_len: np.ndarray
@@ -108,18 +123,26 @@ class Recorder:
 
     def step(self, replica, step, t_schedule, t_launch, t_end, gpu_s, host_s) -> None:
         b = step.batch
-        self.steps.append((t_end, gpu_s, host_s, b.num_seqs, b.num_sampled > 0))
+        self.steps.append((t_schedule, t_end, gpu_s, host_s, b.num_seqs, b.num_sampled > 0))
 
     def request(self, req, latencies) -> None:
         self.requests.append((req.arrival_time, req.first_token_time, req.finish_time, req.output_len,
                               req.request_id))
 
 
-def _workload(row: ValidationRow) -> dict:
-    """The benchmark's closed loop: all clients at once, fixed lengths, unique prompts."""
+def _workload(row: ValidationRow, ramp_up_s: float = 0.0) -> dict:
+    """The benchmark's closed loop: fixed lengths, unique prompts, clients started over ramp_up_s."""
     return {"name": "closed_loop", "arrival": "poisson", "request_rate": float("inf"),
-            "max_concurrency": row.concurrency,
+            "max_concurrency": row.concurrency, "ramp_up_s": ramp_up_s,
             "input": {"dist": "fixed", "value": row.isl}, "output": {"dist": "fixed", "value": row.osl}}
+
+
+def round_s(pricer, row: ValidationRow) -> float:
+    """Seconds one request takes when clients are out of phase: its prompt prefilled alone, then osl
+    decode steps of every client at the mean context isl + osl / 2 (the staggered start's spread)."""
+    prefill = pricer.step_time(StepBatch(prefill_new=(row.isl,), prefill_ctx=(0,), prefill_sampled=1)).total_s
+    decode = pricer.step_time(StepBatch(decode_ctx=(row.isl + row.osl // 2,) * row.concurrency)).total_s
+    return prefill + row.osl * decode
 
 
 def _config(row: ValidationRow, model, tier: Tier, settings: RunSettings):
@@ -155,9 +178,9 @@ def simulate_row(row: ValidationRow, model, tier: Tier, settings: RunSettings,
                                    "synchronous engine is what makes the composition fit exact")
         n = num_requests or settings.num_requests(row)
         recorder = Recorder()
-        workload = Workload(WorkloadConfig.from_config(_workload(row)))
-        engine = Engine(setup.replicas(), max_model_len=setup.max_model_len,
-                        max_concurrency=row.concurrency, recorder=recorder)
+        ramp = round_s(setup.pricer, row) if settings.start == "staggered" else 0.0
+        workload = Workload(WorkloadConfig.from_config(_workload(row, ramp)))
+        engine = setup.new_engine(settings.seed, max_concurrency=row.concurrency, recorder=recorder)
         start = time.perf_counter()
         summary = engine.run(workload.requests(n, settings.seed))
         wall = time.perf_counter() - start
@@ -170,29 +193,34 @@ def simulate_row(row: ValidationRow, model, tier: Tier, settings: RunSettings,
 
 
 def step_log(rec: "Recorder", summary: dict, kv_blocks: int, wall: float, where: str) -> StepLog:
-    """The step log of a finished synchronous closed-loop run (KernelsightError where it idled)."""
-    steps = np.asarray(rec.steps, dtype=np.float64).reshape(-1, 5)
-    t_end, gpu, host = steps[:, 0], steps[:, 1], steps[:, 2]
-    expected = np.cumsum(gpu + host)
-    if not np.allclose(t_end, expected, rtol=TIME_IDENTITY_RTOL, atol=1e-12):
-        bad = int(np.argmax(~np.isclose(t_end, expected, rtol=TIME_IDENTITY_RTOL, atol=1e-12)))
+    """The step log of a finished synchronous run (KernelsightError where steps overlap)."""
+    steps = np.asarray(rec.steps, dtype=np.float64).reshape(-1, 6)
+    t_schedule, t_end, gpu, host = steps[:, 0], steps[:, 1], steps[:, 2], steps[:, 3]
+    idle = t_schedule - np.concatenate([[0.0], t_end[:-1]])
+    expected = np.cumsum(idle + gpu + host)
+    if (idle < -1e-12).any() or not np.allclose(t_end, expected, rtol=TIME_IDENTITY_RTOL, atol=1e-12):
+        bad = int(np.argmax((idle < -1e-12) | ~np.isclose(t_end, expected, rtol=TIME_IDENTITY_RTOL, atol=1e-12)))
         raise KernelsightError(f"{where}: step {bad} ends at {t_end[bad]:.6f} s, not at the "
-                               f"sum of the step times before it ({expected[bad]:.6f} s): the engine idled, so "
-                               f"the step log cannot re-price this run")
+                               f"sum of the step and idle times before it ({expected[bad]:.6f} s): steps overlap "
+                               f"(an asynchronous engine), so the step log cannot re-price this run")
     reqs = np.asarray(rec.requests, dtype=np.float64).reshape(-1, 5)
 
-    def index(times: np.ndarray, allow_zero: bool) -> np.ndarray:
+    def index(times: np.ndarray) -> np.ndarray:
         idx = np.searchsorted(t_end, times, side="left")
-        zero = times == 0.0
-        idx = np.where(zero & allow_zero, -1, idx)
-        found = np.where(idx >= 0, t_end[np.clip(idx, 0, len(t_end) - 1)], 0.0)
+        found = t_end[np.clip(idx, 0, len(t_end) - 1)]
         if not np.allclose(found, times, rtol=TIME_IDENTITY_RTOL, atol=1e-12):
-            raise KernelsightError(f"{where}: a request event falls between step ends; "
+            raise KernelsightError(f"{where}: a token event falls between step ends; "
                                    f"the step log cannot re-price this run")
         return idx.astype(np.int64)
 
-    return StepLog(gpu_s=gpu, host_s=host, seqs=steps[:, 3], samples=steps[:, 4], send=index(reqs[:, 0], True), first=index(reqs[:, 1], False),
-                   finish=index(reqs[:, 2], False), output_len=reqs[:, 3], request_id=reqs[:, 4].astype(np.int64),
+    # A send is a step end (a closed-loop client's previous request finished) or any earlier time (a
+    # start-up send, an open-loop arrival): the last step end at or before it, plus the offset past it.
+    send_time = reqs[:, 0]
+    send = np.searchsorted(t_end, send_time * (1 + TIME_IDENTITY_RTOL) + 1e-12, side="right") - 1
+    offset = send_time - np.where(send >= 0, t_end[np.maximum(send, 0)], 0.0)
+    return StepLog(gpu_s=gpu, host_s=host, idle_s=np.maximum(idle, 0.0), seqs=steps[:, 4], samples=steps[:, 5],
+                   send=send.astype(np.int64), send_offset_s=np.maximum(offset, 0.0), first=index(reqs[:, 1]),
+                   finish=index(reqs[:, 2]), output_len=reqs[:, 3], request_id=reqs[:, 4].astype(np.int64),
                    summary=summary, kv_blocks=kv_blocks, wall_s=wall)
 
 

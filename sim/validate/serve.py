@@ -29,7 +29,6 @@ from omegaconf import OmegaConf
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.hardware import load_hardware
 from kernelsight.predictor.paths import conf_dir, read_yaml
-from kernelsight.sim.engine import Engine
 from kernelsight.sim.engine_profile import EngineProfile
 from kernelsight.sim.model import load_model
 from kernelsight.sim.simulate import build_setup
@@ -115,8 +114,7 @@ def simulate_workload(env: dict, w: ServeWorkloadRun, engine: dict, tier: dict):
     """(recorder, summary, setup) of one workload replayed in the simulator."""
     setup = build_setup(_config(env, w, engine, tier))
     recorder = Recorder()
-    sim = Engine(setup.replicas(), max_model_len=setup.max_model_len,
-                 max_concurrency=setup.workload.max_concurrency, recorder=recorder)
+    sim = setup.new_engine(0, recorder=recorder)
     summary = sim.run(setup.workload.requests(None, 0))
     if summary["failed"]:
         raise KernelsightError(f"workload {w.name}: {summary['failed']} requests do not fit the simulated KV cache")
