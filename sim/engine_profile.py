@@ -148,7 +148,8 @@ class EngineProfile:
         return cls(name=v["name"], engine=v["engine"], scheduler=SchedulerSettings(**sched),
                    kernels=KernelSettings(**v["kernels"]), attention=AttentionSettings(**v["attention"]),
                    cuda_graph=CudaGraphSettings(**graph),
-                   host=HostSettings(**v["host"]), frontend=FrontendSettings(**v["frontend"]), allreduce=AllReduceSettings(**v["allreduce"]),
+                   host=HostSettings(**v["host"]), frontend=FrontendSettings(**v["frontend"]),
+                   allreduce=AllReduceSettings(**v["allreduce"]),
                    memory=MemorySettings(**v["memory"]), source=source)
 
 

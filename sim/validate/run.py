@@ -90,8 +90,9 @@ class StepLog:
     """One simulated row, re-priceable (see the module docstring).
 
     Per step: gpu_s, host_s (as simulated), idle_s (the engine's wait before forming it), seqs
-    (scheduled sequences), samples (1 if the step samples a token): the inputs of the host model. Per request: send = index of the
-    last step ending at or before its send time (-1: none) and send_offset_s = the time past that end;
+    (scheduled sequences), samples (1 if the step samples a token): the inputs of the host model.
+    Per request: send = index of the last step ending at or before its send time (-1: none) and
+    send_offset_s = the time past that end;
     first, finish = index of the step whose end is its first and last token; output_len; request_id
     (the clients' send order).
     """
