@@ -96,11 +96,17 @@ def test_frontend_delay_counts_in_ttft_and_makes_a_closed_loop_client_miss_the_n
     _, delayed = run_engine(closed, 4, frontend=(0.002, 0.0))
     assert [r.first_token_time - r.arrival_time for r in plain] == pytest.approx([prefill] * 4)
     assert [r.first_token_time - r.arrival_time for r in delayed] == pytest.approx([0.002 + prefill] * 4)
-    # Two clients in lockstep: the second one's next request, 1 ms late, waits out the step scheduled
-    # at its finish (a decode of the other client) before its prefill.
-    two = {**closed, "max_concurrency": 2}
-    _, reqs = run_engine(two, 6, frontend=(0.001, 0.0))
-    assert all(r.first_token_time - r.arrival_time >= 0.001 + prefill for r in reqs)
+    # Two clients out of phase: at a finish the engine at once schedules a decode step of the other client.
+    # Without a frontend the next request joins it (TTFT = one mixed step); 1 ms late, it waits that decode
+    # step out first (TTFT = decode step + mixed step).
+    decode, mixed = 0.006 + 4e-5 * 1 + 0.001, 0.006 + 4e-5 * 101 + 0.001
+    two = {**closed, "max_concurrency": 2, "ramp_up_s": 0.03}
+
+    def resubmitted_ttfts(frontend):
+        return [r.first_token_time - r.arrival_time for r in run_engine(two, 8, frontend=frontend)[1][2:]]
+
+    assert resubmitted_ttfts((0.0, 0.0)) == pytest.approx([mixed] * 6)
+    assert resubmitted_ttfts((0.001, 0.0)) == pytest.approx([decode + mixed] * 6)
     # Jitter is seeded: the same seed gives the same run, another seed another.
     a = [r.first_token_time for r in run_engine(two, 20, frontend=(0.001, 0.004), seed=1)[1]]
     b = [r.first_token_time for r in run_engine(two, 20, frontend=(0.001, 0.004), seed=1)[1]]
