@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.families import get_family
 from kernelsight.predictor.families.attention import Q_TILE
 
@@ -109,6 +110,9 @@ class StepPricer:
         """Time of one step; exact=True prices every kernel with the predictor instead of the tables."""
         if not batch.num_tokens:
             return StepTime(0.0, 0.0, 0.0)
+        if batch.num_tokens > self.max_tokens:
+            raise KernelsightError(f"a step of {batch.num_tokens} tokens exceeds the engine's step budget "
+                                   f"(scheduler.max_num_batched_tokens={self.engine.scheduler.max_num_batched_tokens})")
         mode, run_tokens = self._graph_mode(batch)
         if exact:
             kernel_s = sum(k.total_s for k in self.kernels(batch))

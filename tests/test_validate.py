@@ -26,8 +26,8 @@ from kernelsight.sim.validate import composition as comp
 from kernelsight.sim.validate import report as rep
 from kernelsight.sim.validate.allreduce import fit_custom_allreduce
 from kernelsight.sim.validate.rows import (ValidationRow, default_csv, model_for, parse_mappings, read_rows,
-                                           throughput)
-from kernelsight.sim.validate.run import RunSettings, Tier, simulate_row
+                                           throughput, with_protocol)
+from kernelsight.sim.validate.run import RunSettings, Tier, round_s, simulate_row
 
 HEADER = "id,model_path,precision,system,isl,osl,concurrency,tp_size,ttft_ms,tpot_ms"
 GOOD = "a,Qwen/Qwen3-32B,bf16,h100_sxm,1024,128,8.0,2.0,154.2,18.0"
@@ -35,7 +35,7 @@ MAPPINGS = [{"model_path": "Qwen/Qwen3-32B", "precision": "bf16", "model": "qwen
             {"model_path": "Qwen/Qwen3-32B", "precision": "fp8", "model": "qwen3-32b", "weight_dtype": "fp8",
              "kv_dtype": "fp8"},
             {"model_path": "meta-llama/Llama-3.1-70B", "precision": "fp8", "model": "llama3.1-70b-fp8",
-             "kv_dtype": "bf16"}]
+             "kv_dtype": "bf16", "range_ratio": 0.8}]
 
 
 def write_csv(tmp_path, *lines, header=HEADER):
@@ -110,6 +110,27 @@ def test_model_mapping_and_dtype_overrides():
     assert llama.name == "llama3.1-70b-fp8[kvbf16]"
 
 
+def test_range_ratio_comes_from_the_mapping_and_bad_values_are_one_line():
+    rows = {(r.model_path, r.precision): r for r in read_rows(default_csv())}
+    maps = parse_mappings(MAPPINGS)
+    assert with_protocol(rows[("meta-llama/Llama-3.1-70B", "fp8")], maps).range_ratio == 0.8
+    assert with_protocol(rows[("Qwen/Qwen3-32B", "bf16")], maps).range_ratio == 1.0
+    assert with_protocol(rows[("Qwen/Qwen3-32B", "bf16")], []).range_ratio == 1.0
+    base = {"model_path": "a", "precision": "bf16", "model": "qwen3-32b"}
+    for bad in (0, 1.5, "0.8", True):
+        message = one_line_error(parse_mappings, [{**base, "range_ratio": bad}])
+        assert "validate.models[0]" in message and "range_ratio" in message
+
+
+def test_range_ratio_draws_benchmark_serving_lengths():
+    # benchmark_serving --random-range-ratio r: lengths uniform in [floor(r L), L]; r = 1 keeps them fixed.
+    model, settings = load_model("llama3.1-8b"), RunSettings(0, 4, 0, engine_map())
+    log = simulate_row(small_row(range_ratio=0.5), model, ROOFLINE, settings)
+    assert log.output_len.min() >= 12 and log.output_len.max() <= 24 and len(set(log.output_len)) > 3
+    fixed = simulate_row(small_row(), model, ROOFLINE, settings)
+    assert set(fixed.output_len) == {24} and len(fixed.output_len) == 4 * 6
+
+
 def test_unmapped_model_falls_back_to_hf_repo_or_fails_in_one_line():
     row = ValidationRow("x", 7, "nvidia/Llama-3.1-70B-Instruct-FP8", "fp8", "h100_sxm", 8, 8, 1, 1, 1, 1.0, 1.0)
     assert model_for(row, []).name == "llama3.1-70b-fp8"
@@ -145,7 +166,7 @@ ROOFLINE = Tier("roofline", "roofline", None)
 def test_step_log_reproduces_the_engine_metrics_and_reprices_exactly():
     # Without a frontend delay and with a burst start, every send is a completion event: exact re-pricing.
     row, model = small_row(), load_model("llama3.1-8b")
-    settings = RunSettings(0, 1, 1, 0, engine_map(NO_FRONTEND), start="burst")
+    settings = RunSettings(0, 1, 0, engine_map(NO_FRONTEND), start="burst")
     log = simulate_row(row, model, ROOFLINE, settings, num_requests=30)
     host = load_engine("vllm_v1").host
     everyone = comp.measured_requests(log, row.concurrency, 0)
@@ -167,7 +188,7 @@ def test_step_log_with_frontend_delays_and_staggered_start_keeps_idle_time_and_s
     # phase, so the engine idles and start-up sends fall between step ends. The log still reproduces the
     # simulated metrics exactly; re-pricing holds the schedule fixed, so it is close, not exact.
     row, model = small_row(concurrency=3), load_model("llama3.1-8b")
-    settings = RunSettings(0, 1, 1, 0, engine_map())
+    settings = RunSettings(0, 1, 0, engine_map(), start="staggered")
     log = simulate_row(row, model, ROOFLINE, settings, num_requests=30)
     assert log.idle_s.sum() > 0 and (log.send_offset_s > 0).any()
     lin = comp.linearize(log, load_engine("vllm_v1").host, comp.measured_requests(log, row.concurrency, 0))
@@ -181,9 +202,31 @@ def test_step_log_with_frontend_delays_and_staggered_start_keeps_idle_time_and_s
     assert tpot == pytest.approx(again.summary["mean_tpot_ms"], rel=0.02)
 
 
+def test_staggered_round_prefills_a_long_prompt_in_budget_chunks():
+    # A prompt longer than the step budget is prefilled in chunks; a step beyond the budget is refused.
+    from kernelsight.sim.batch import StepBatch
+    from kernelsight.sim.simulate import build_setup
+    from kernelsight.sim.validate.run import _config
+
+    row, model = small_row(isl=5000, osl=4, concurrency=2), load_model("llama3.1-8b")
+    engine = engine_map()
+    engine["scheduler"]["max_num_batched_tokens"] = 2048
+    settings = RunSettings(0, 1, 0, engine, start="staggered")
+    pricer = build_setup(_config(row, model, ROOFLINE, settings)).pricer
+    chunks = [(2048, 0, 0), (2048, 2048, 0), (904, 4096, 1)]
+    prefill = sum(pricer.step_time(StepBatch(prefill_new=(n,), prefill_ctx=(done,), prefill_sampled=s)).total_s
+                  for n, done, s in chunks)
+    decode = pricer.step_time(StepBatch(decode_ctx=(5002,) * 2)).total_s
+    assert round_s(pricer, row) == pytest.approx(prefill + 4 * decode, rel=1e-12)
+    message = one_line_error(pricer.step_time, StepBatch(prefill_new=(5000,), prefill_ctx=(0,), prefill_sampled=1))
+    assert "5000 tokens" in message and "max_num_batched_tokens=2048" in message
+    log = simulate_row(row, model, ROOFLINE, settings)
+    assert len(log.first) == 2
+
+
 def test_warmup_rounds_are_excluded_by_send_order():
     row = small_row()
-    log = simulate_row(row, load_model("llama3.1-8b"), ROOFLINE, RunSettings(2, 1, 1, 0, engine_map()))
+    log = simulate_row(row, load_model("llama3.1-8b"), ROOFLINE, RunSettings(2, 1, 0, engine_map()))
     assert len(log.request_id) == 3 * row.concurrency
     mask = comp.measured_requests(log, row.concurrency, 2)
     assert mask.sum() == row.concurrency and set(log.request_id[mask]) == set(range(12, 18))
@@ -321,7 +364,7 @@ def test_validate_command_end_to_end_on_two_rows(capsys, tmp_path):
     out = capsys.readouterr().out
     df = pd.read_json(table)
     assert list(df["line"]) == [1, 116] and set(df["tier"]) == {"target"}
-    assert (df["measured_requests"] == [8, 16]).all()
+    assert (df["measured_requests"] == [24, 24]).all()  # no warmup rounds: every simulated request counts
     for col in ("ttft_simulated", "tpot_simulated", "throughput_simulated", "ttft_heldout", "err_tpot_heldout"):
         assert np.isfinite(df[col]).all()
     assert df["err_ttft_simulated"].iloc[0] == pytest.approx(100 * (df["ttft_simulated"].iloc[0] / 154.2481599 - 1))
@@ -339,6 +382,17 @@ def test_validate_command_bad_csv_row_is_one_line(capsys, tmp_path):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "row 2" in err and "'concurrency'" in err
+
+
+@pytest.mark.parametrize("override, message", [("protocol.rounds=0", "protocol.rounds=0: must be an integer >= 1"),
+                                               ("protocol.warmup_rounds=-1", "protocol.warmup_rounds=-1"),
+                                               ("protocol.start=later", "protocol.start='later'")])
+def test_validate_bad_protocol_is_one_line(capsys, override, message):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["validate", "rows=[1]", "tiers.cross=null", override])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err
 
 
 def test_report_names_the_die_sibling_that_prices_the_cross_tier():

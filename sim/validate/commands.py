@@ -32,7 +32,7 @@ from kernelsight.sim.schema import plain
 from . import composition as comp
 from . import report as rep
 from .allreduce import custom_allreduce_rows, fit_custom_allreduce
-from .rows import default_csv, model_for, parse_mappings, read_rows, throughput
+from .rows import default_csv, model_for, parse_mappings, read_rows, throughput, with_protocol
 from .run import START_MODES, RunSettings, Tier, first_token_group, simulate_rows
 
 
@@ -105,13 +105,12 @@ def _tiers(cfg) -> list[tuple[Tier, list]]:
 
 def _settings(cfg, engine: dict) -> RunSettings:
     p = plain(cfg.protocol)
-    for key in ("warmup_rounds", "min_rounds", "decode_steps"):
-        if not isinstance(p.get(key), int) or p[key] < (0 if key == "warmup_rounds" else 1):
-            raise KernelsightError(f"protocol.{key}={p.get(key)!r}: must be an integer >= "
-                                   f"{0 if key == 'warmup_rounds' else 1}")
+    for key, low in (("warmup_rounds", 0), ("rounds", 1)):
+        if isinstance(p.get(key), bool) or not isinstance(p.get(key), int) or p[key] < low:
+            raise KernelsightError(f"protocol.{key}={p.get(key)!r}: must be an integer >= {low}")
     if p.get("start") not in START_MODES:
         raise KernelsightError(f"protocol.start={p.get('start')!r}: choose one of {', '.join(START_MODES)}")
-    return RunSettings(p["warmup_rounds"], p["min_rounds"], p["decode_steps"], int(cfg.seed), engine, p["start"])
+    return RunSettings(p["warmup_rounds"], p["rounds"], int(cfg.seed), engine, p["start"])
 
 
 def _tpot_floor(rows, models, engine: EngineProfile) -> list[float]:
@@ -163,6 +162,7 @@ def validate(cfg) -> pd.DataFrame:
         rows = [r for r in rows if r.line in wanted]
     mappings = parse_mappings(plain(cfg.models))
     models = [model_for(r, mappings, f"{csv}: row {r.line}") for r in rows]
+    rows = [with_protocol(r, mappings) for r in rows]
     engine_map = plain(cfg.engine)
     engine = EngineProfile.from_mapping(engine_map, "engine config")
     settings = _settings(cfg, engine_map)
@@ -248,12 +248,13 @@ def validate(cfg) -> pd.DataFrame:
 def _protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mappings, num_requests,
                     devices) -> list[str]:
     rounds = (f"{num_requests} requests per row (override)" if num_requests else
-              f"each client sends {settings.warmup_rounds} warmup rounds (excluded, as the benchmark's "
-              f"2 x concurrency warmup requests) + max({settings.min_rounds}, ceil({settings.decode_steps} / osl)) "
-              f"measured rounds; TTFT and TPOT are means over the measured requests")
+              f"each client sends {settings.warmup_rounds} warmup rounds (excluded) + {settings.rounds} measured "
+              f"rounds (the benchmarks' 10 x concurrency requests); TTFT and TPOT are means over the measured "
+              f"requests")
     start = ("clients started evenly over one round (the time one request takes with clients out of phase)"
-             if settings.start == "staggered" else "every client's first request at t = 0")
-    out = [f"closed loop at the row's concurrency, fixed isl / osl, unique prompts; {rounds}; {start}",
+             if settings.start == "staggered" else
+             "every client's first request at t = 0 (a measured phase starting from an idle engine)")
+    out = [f"closed loop at the row's concurrency, unique prompts; {rounds}; {start}",
            f"engine profile {engine.name}: max_num_batched_tokens {engine.scheduler.max_num_batched_tokens}, "
            f"max_num_seqs {engine.scheduler.max_num_seqs}, CUDA graphs {engine.cuda_graph.mode}, async scheduling "
            f"{engine.host.async_scheduling}, frontend {engine.frontend.latency_ms:g} ms + exponential jitter of mean "
@@ -265,7 +266,9 @@ def _protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mapping
                    + (f" (fitted without {', '.join(exclude)})" if exclude else "")
                    + (_sibling_note(tier, devices) if tier.predictor_tier == "cross" else ""))
     for m in mappings:
-        extra = ", ".join(f"{k} {v}" for k, v in (("weight dtype", m.weight_dtype), ("KV cache", m.kv_dtype)) if v)
+        extra = ", ".join(f"{k} {v}" for k, v in (("weight dtype", m.weight_dtype), ("KV cache", m.kv_dtype),
+                                                 ("lengths uniform in [floor(r L), L], r =",
+                                                  m.range_ratio if m.range_ratio < 1 else None)) if v)
         out.append(f"model {m.model_path} at {m.precision} -> conf/model/{m.model}.yaml" + (f" ({extra})" if extra else ""))
     return out
 

@@ -21,7 +21,7 @@ bf16 checkpoint keeps vLLM's default KV dtype, the model's bf16).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -72,6 +72,7 @@ class ValidationRow:
     pp: int
     ttft_ms: float
     tpot_ms: float
+    range_ratio: float = 1.0  # the benchmark's lengths: uniform in [floor(r * L), L] for L = isl, osl (1: fixed)
 
     @property
     def throughput(self) -> float:
@@ -158,10 +159,11 @@ class ModelMapping:
     model: str
     weight_dtype: str | None = None
     kv_dtype: str | None = None
+    range_ratio: float = 1.0
 
     @classmethod
     def from_mapping(cls, raw: dict, where: str) -> "ModelMapping":
-        known = {"model_path", "precision", "model", "weight_dtype", "kv_dtype"}
+        known = {"model_path", "precision", "model", "weight_dtype", "kv_dtype", "range_ratio"}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise KernelsightError(f"{where}: unknown key {unknown[0]!r}{did_you_mean(unknown[0], known)}; "
@@ -172,27 +174,42 @@ class ModelMapping:
         if raw["model"] not in list_models():
             raise KernelsightError(f"{where}: model {raw['model']!r} is not in conf/model"
                                    f"{did_you_mean(raw['model'], list_models())}")
+        ratio = raw.get("range_ratio", 1.0)
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
+            raise KernelsightError(f"{where}: range_ratio={ratio!r}: must be a number in (0, 1] (1: fixed lengths)")
         dtypes = {k: canonical_dtype(raw[k]) for k in ("precision", "weight_dtype", "kv_dtype") if raw.get(k)}
         return cls(model_path=raw["model_path"], precision=dtypes["precision"], model=raw["model"],
-                   weight_dtype=dtypes.get("weight_dtype"), kv_dtype=dtypes.get("kv_dtype"))
+                   weight_dtype=dtypes.get("weight_dtype"), kv_dtype=dtypes.get("kv_dtype"),
+                   range_ratio=float(ratio))
 
 
 def parse_mappings(entries) -> list[ModelMapping]:
     return [ModelMapping.from_mapping(dict(e), f"validate.models[{i}]") for i, e in enumerate(entries or ())]
 
 
+def mapping_for(row: ValidationRow, mappings: list[ModelMapping]) -> ModelMapping | None:
+    """The first `models:` entry of the row's (model_path, precision), if any."""
+    return next((m for m in mappings if m.model_path == row.model_path and m.precision == row.precision), None)
+
+
+def with_protocol(row: ValidationRow, mappings: list[ModelMapping]) -> ValidationRow:
+    """The row with its benchmark's length range ratio from its mapping entry (fixed lengths without one)."""
+    m = mapping_for(row, mappings)
+    return replace(row, range_ratio=m.range_ratio) if m else row
+
+
 def model_for(row: ValidationRow, mappings: list[ModelMapping], where: str = "") -> ModelConfig:
     """The ModelConfig a row runs: the first matching mapping entry, else a shipped model of that
     hf_repo whose weight dtype is the row's precision."""
-    for m in mappings:
-        if m.model_path == row.model_path and m.precision == row.precision:
-            model = load_model(m.model)
-            changes = {k: v for k, v in (("weight_dtype", m.weight_dtype), ("kv_dtype", m.kv_dtype)) if v}
-            if changes:
-                tag = "-".join(f"{'w' if k == 'weight_dtype' else 'kv'}{v}" for k, v in changes.items())
-                model = ModelConfig(**{**model.as_dict(), **changes, "name": f"{model.name}[{tag}]",
-                                       "moe": model.moe}, source=model.source)
-            return model
+    m = mapping_for(row, mappings)
+    if m is not None:
+        model = load_model(m.model)
+        changes = {k: v for k, v in (("weight_dtype", m.weight_dtype), ("kv_dtype", m.kv_dtype)) if v}
+        if changes:
+            tag = "-".join(f"{'w' if k == 'weight_dtype' else 'kv'}{v}" for k, v in changes.items())
+            model = ModelConfig(**{**model.as_dict(), **changes, "name": f"{model.name}[{tag}]",
+                                   "moe": model.moe}, source=model.source)
+        return model
     for name in list_models():
         model = load_model(name)
         if model.hf_repo == row.model_path and model.weight_dtype == row.precision:

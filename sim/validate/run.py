@@ -2,18 +2,20 @@
 
 Protocol of a row (the benchmark's, see data/validation/README.md): `concurrency`
 clients, each sending its next request the moment its previous one finished,
-every request exactly `isl` prompt and `osl` output tokens, unique prompts (no
-prefix-cache hits), one replica of tp_size GPUs. Every client sends `rounds`
-requests (RunSettings); the first warmup rounds are excluded from the means, as
-the benchmark's warmup requests are.
+`isl` prompt and `osl` output tokens per request (fixed, or drawn uniformly from
+[floor(r * L), L] where the row's benchmark used a range ratio r), unique prompts
+(no prefix-cache hits), one replica of tp_size GPUs. Every client sends
+warmup_rounds + rounds requests (RunSettings); the warmup rounds are excluded
+from the means.
 
-Start (RunSettings.start): `burst` sends every client's first request at t = 0;
-`staggered` spreads them evenly over one round, the time one request takes when
-clients are out of phase (its prefill alone plus osl decode steps of every
-client at the mean context). A simulated burst locks clients into cohorts that
-prefill together for the whole run (deterministic step times never break them
-up); the measured TTFTs at low concurrency, far below a cohort's, say the real
-clients do not stay locked.
+Start (RunSettings.start): `burst` (the benchmarks': a measured phase after a
+finished warmup) sends every client's first request at t = 0; `staggered`
+spreads them evenly over one round, the time one request takes when clients are
+out of phase (its prefill alone plus osl decode steps of every client at the
+mean context). With fixed lengths a simulated burst locks clients into cohorts
+that prefill together for the whole run (deterministic step times never break
+them up); random lengths break them up after the first round, as in the real
+runs.
 
 Step log. With synchronous scheduling (vLLM 0.11-0.12's default), which
 requests run in which step is recorded and held fixed; step n then ends at
@@ -29,6 +31,7 @@ completion event), and with the schedule and idle times held fixed otherwise.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 import warnings
@@ -55,25 +58,22 @@ TIME_IDENTITY_RTOL = 1e-9
 class RunSettings:
     """How rows are simulated (the measurement protocol) and with which engine profile mapping.
 
-    Each client sends warmup_rounds + measured rounds requests; the metrics are means over the
-    requests after the warmup (aiconfigurator's benchmark: aiperf with 2 x concurrency warmup
-    requests excluded, then 50 x concurrency measured). measured rounds = max(min_rounds,
-    ceil(decode_steps / osl)): enough decode steps for the arrival pattern to settle, at a cost
-    proportional to decode_steps rather than to 50 rounds.
+    Each client sends warmup_rounds + rounds requests; the metrics are means over the requests after
+    the warmup. The benchmarks behind the validation data send 10 x concurrency measured requests
+    (aiconfigurator's aiperf runs: --request-count 10 x concurrency after 2 x concurrency warmup
+    requests; benchmark_serving in the InferenceMAX recipes: --num-prompts 10 x concurrency after
+    --num-warmups 2 x concurrency): the warmup finishes before the measured phase, which therefore
+    starts from an idle engine with all clients at once (start='burst', warmup_rounds=0, rounds=10).
     """
 
     warmup_rounds: int
-    min_rounds: int
-    decode_steps: int
+    rounds: int
     seed: int
     engine: dict
-    start: str = "staggered"
-
-    def rounds(self, row: ValidationRow) -> int:
-        return self.warmup_rounds + max(self.min_rounds, -(-self.decode_steps // row.osl))
+    start: str = "burst"
 
     def num_requests(self, row: ValidationRow) -> int:
-        return self.rounds(row) * row.concurrency
+        return (self.warmup_rounds + self.rounds) * row.concurrency
 
 
 @dataclass(frozen=True)
@@ -131,17 +131,28 @@ class Recorder:
                               req.request_id))
 
 
+def _lengths(length: int, range_ratio: float) -> dict:
+    """benchmark_serving's random lengths: uniform integers in [floor(r * L), L]; fixed for r = 1."""
+    low = max(1, math.floor(range_ratio * length))
+    return {"dist": "fixed", "value": length} if low >= length else {"dist": "uniform", "low": low, "high": length}
+
+
 def _workload(row: ValidationRow, ramp_up_s: float = 0.0) -> dict:
-    """The benchmark's closed loop: fixed lengths, unique prompts, clients started over ramp_up_s."""
+    """The benchmark's closed loop: the row's lengths (fixed, or drawn by its range ratio), unique
+    prompts, clients started over ramp_up_s."""
     return {"name": "closed_loop", "arrival": "poisson", "request_rate": float("inf"),
             "max_concurrency": row.concurrency, "ramp_up_s": ramp_up_s,
-            "input": {"dist": "fixed", "value": row.isl}, "output": {"dist": "fixed", "value": row.osl}}
+            "input": _lengths(row.isl, row.range_ratio), "output": _lengths(row.osl, row.range_ratio)}
 
 
 def round_s(pricer, row: ValidationRow) -> float:
-    """Seconds one request takes when clients are out of phase: its prompt prefilled alone, then osl
-    decode steps of every client at the mean context isl + osl / 2 (the staggered start's spread)."""
-    prefill = pricer.step_time(StepBatch(prefill_new=(row.isl,), prefill_ctx=(0,), prefill_sampled=1)).total_s
+    """Seconds one request takes when clients are out of phase: its prompt prefilled alone (in chunks
+    of the step budget), then osl decode steps of every client at the mean context isl + osl / 2 (the
+    staggered start's spread)."""
+    budget = pricer.engine.scheduler.max_num_batched_tokens
+    prefill = sum(pricer.step_time(StepBatch(prefill_new=(min(budget, row.isl - done),), prefill_ctx=(done,),
+                                             prefill_sampled=int(done + budget >= row.isl))).total_s
+                  for done in range(0, row.isl, budget))
     decode = pricer.step_time(StepBatch(decode_ctx=(row.isl + row.osl // 2,) * row.concurrency)).total_s
     return prefill + row.osl * decode
 
