@@ -110,15 +110,18 @@ class StepPricer:
         """Time of one step; exact=True prices every kernel with the predictor instead of the tables."""
         if not batch.num_tokens:
             return StepTime(0.0, 0.0, 0.0)
-        if batch.num_tokens > self.max_tokens:
-            raise KernelsightError(f"a step of {batch.num_tokens} tokens exceeds the engine's step budget "
-                                   f"(scheduler.max_num_batched_tokens={self.engine.scheduler.max_num_batched_tokens})")
         mode, run_tokens = self._graph_mode(batch)
         if exact:
             kernel_s = sum(k.total_s for k in self.kernels(batch))
         else:
-            kernel_s = (self._tok_total[run_tokens] + self._smp_total[batch.num_sampled]
-                        + sum(self._attention(batch)))
+            try:  # the tables end at the scheduler's limits; checked here, off the step loop's path
+                kernel_s = self._tok_total[run_tokens] + self._smp_total[batch.num_sampled]
+            except IndexError:
+                sched = self.engine.scheduler
+                raise KernelsightError(f"a step of {batch.num_tokens} tokens and {batch.num_sampled} sampled "
+                                       f"sequences exceeds the engine's limits (scheduler.max_num_batched_tokens="
+                                       f"{sched.max_num_batched_tokens}, max_num_seqs={sched.max_num_seqs})") from None
+            kernel_s += sum(self._attention(batch))
         return self._finish(batch, mode, kernel_s)
 
     def breakdown(self, batch: StepBatch) -> dict:

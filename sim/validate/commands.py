@@ -266,9 +266,10 @@ def _protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mapping
                    + (f" (fitted without {', '.join(exclude)})" if exclude else "")
                    + (_sibling_note(tier, devices) if tier.predictor_tier == "cross" else ""))
     for m in mappings:
-        extra = ", ".join(f"{k} {v}" for k, v in (("weight dtype", m.weight_dtype), ("KV cache", m.kv_dtype),
-                                                 ("lengths uniform in [floor(r L), L], r =",
-                                                  m.range_ratio if m.range_ratio < 1 else None)) if v)
+        notes = [f"{k} {v}" for k, v in (("weight dtype", m.weight_dtype), ("KV cache", m.kv_dtype)) if v]
+        if m.range_ratio < 1:
+            notes.append(f"lengths uniform in [floor(r L), L], r = {m.range_ratio:g}")
+        extra = ", ".join(notes)
         out.append(f"model {m.model_path} at {m.precision} -> conf/model/{m.model}.yaml" + (f" ({extra})" if extra else ""))
     return out
 

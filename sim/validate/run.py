@@ -9,13 +9,13 @@ warmup_rounds + rounds requests (RunSettings); the warmup rounds are excluded
 from the means.
 
 Start (RunSettings.start): `burst` (the benchmarks': a measured phase after a
-finished warmup) sends every client's first request at t = 0; `staggered`
+warmup, if any, has finished) sends every client's first request at t = 0; `staggered`
 spreads them evenly over one round, the time one request takes when clients are
 out of phase (its prefill alone plus osl decode steps of every client at the
 mean context). With fixed lengths a simulated burst locks clients into cohorts
 that prefill together for the whole run (deterministic step times never break
-them up); random lengths break them up after the first round, as in the real
-runs.
+them up); random lengths break them up after the first round (the Llama rows'
+measured TTFTs follow that).
 
 Step log. With synchronous scheduling (vLLM 0.11-0.12's default), which
 requests run in which step is recorded and held fixed; step n then ends at
@@ -50,7 +50,7 @@ from .rows import ValidationRow
 
 # How the clients' first requests go out (see the module docstring).
 START_MODES = ("staggered", "burst")
-# Relative tolerance of the step-log identity T[n] = cumsum(gpu + host) against the event loop's times.
+# Relative tolerance of the step-log checks (a step lasts host + GPU; token events at step ends).
 TIME_IDENTITY_RTOL = 1e-9
 
 
@@ -62,8 +62,9 @@ class RunSettings:
     the warmup. The benchmarks behind the validation data send 10 x concurrency measured requests
     (aiconfigurator's aiperf runs: --request-count 10 x concurrency after 2 x concurrency warmup
     requests; benchmark_serving in the InferenceMAX recipes: --num-prompts 10 x concurrency after
-    --num-warmups 2 x concurrency): the warmup finishes before the measured phase, which therefore
-    starts from an idle engine with all clients at once (start='burst', warmup_rounds=0, rounds=10).
+    --num-warmups 2 x concurrency): a warmup, if any, finishes before the measured phase, which
+    therefore starts from an idle engine with all clients at once (start='burst', warmup_rounds=0,
+    rounds=10).
     """
 
     warmup_rounds: int

@@ -121,15 +121,13 @@ def simulate_workload(env: dict, w: ServeWorkloadRun, engine: dict, tier: dict):
     return recorder, summary, setup
 
 
-def sim_metrics(recorder: Recorder, w: ServeWorkloadRun) -> tuple[float, float, float]:
-    """(mean TTFT ms, mean TPOT ms, output tokens/s) of a simulated run, as they are measured."""
-    r = np.asarray(recorder.requests, dtype=np.float64).reshape(-1, 5)
-    send, first, finish, osl = r[:, 0], r[:, 1], r[:, 2], r[:, 3]
-    many = osl > 1
-    ttft, tpot = float((first - send).mean() * 1e3), float(((finish - first)[many] / (osl[many] - 1)).mean() * 1e3)
+def sim_metrics(summary: dict, w: ServeWorkloadRun) -> tuple[float, float, float]:
+    """(mean TTFT ms, mean TPOT ms, output tokens/s) of a simulated run, as they are measured (the
+    engine's summary: output tokens over first send to last finish for Poisson traffic)."""
+    ttft, tpot = summary["mean_ttft_ms"], summary["mean_tpot_ms"]
     if w.arrival == "closed_loop":
         return ttft, tpot, throughput(w.concurrency, w.osl, ttft, tpot)
-    return ttft, tpot, float(osl.sum() / (finish.max() - send.min()))
+    return ttft, tpot, summary["output_throughput"]
 
 
 def validate_serve(run_dir, engine_map: dict, tier: dict, params, metrics) -> tuple[pd.DataFrame, dict]:
@@ -143,7 +141,7 @@ def validate_serve(run_dir, engine_map: dict, tier: dict, params, metrics) -> tu
     for w in workloads:
         t0 = time.perf_counter()
         recorder, summary, setup = simulate_workload(env, w, engine_map, tier)
-        ttft, tpot, thr = sim_metrics(recorder, w)
+        ttft, tpot, thr = sim_metrics(summary, w)
         rows.append({"workload": w.name, "arrival": w.arrival, "concurrency": w.concurrency, "rate": w.rate,
                      "shared_prefix": w.shared_prefix, "requests": w.requests,
                      "ttft": w.ttft_ms, "tpot": w.tpot_ms, "throughput": w.throughput,
@@ -172,8 +170,8 @@ def validate_serve(run_dir, engine_map: dict, tier: dict, params, metrics) -> tu
     fitted = {**engine_map, "host": {**engine_map["host"], **{k: theta[k] for k in params}}}
     for i, w in enumerate(workloads):
         if w.arrival != "closed_loop":
-            recorder, _, _ = simulate_workload(env, w, fitted, tier)
-            df.loc[i, ["ttft_heldout", "tpot_heldout", "throughput_heldout"]] = sim_metrics(recorder, w)
+            _, summary, _ = simulate_workload(env, w, fitted, tier)
+            df.loc[i, ["ttft_heldout", "tpot_heldout", "throughput_heldout"]] = sim_metrics(summary, w)
     return _with_errors(df), fits
 
 
@@ -183,7 +181,6 @@ def _with_errors(df: pd.DataFrame) -> pd.DataFrame:
         for kind in ("simulated", "heldout"):
             df[f"{metric}_{kind}_err_pct"] = (df[f"{metric}_{kind}"] / df[metric] - 1) * 100
     return df
-
 
 
 def validate_serve_command(cfg) -> pd.DataFrame:
