@@ -55,9 +55,10 @@ class Calibration:
             raise KernelsightError("no rows left after the data.devices / data.families filters")
         self.tick("read", t)
         t = time.perf_counter()
-        kept, self.counts, self.chosen = rw.select(raw, list(cfg.rules.prefer_sources),
-                                                   OmegaConf.to_container(cfg.rules.providers) or {},
-                                                   list(cfg.rules.exclude_sweeps or ()))
+        rules = OmegaConf.to_container(cfg.rules)
+        kept, self.counts, self.chosen = rw.select(raw, list(rules["prefer_sources"]), rules["providers"] or {},
+                                                   list(rules["exclude_sweeps"] or ()),
+                                                   rules["family_sources"] or {}, rules["prefer_providers"] or {})
         self.rows = rw.with_eta(kept)
         lt1 = self.rows.assign(lt1=self.rows["eta"] < 1.0).groupby(["device", "family"], sort=True)["lt1"]
         self.eta_lt_1 = lt1.agg(rows="size", eta_lt_1="sum").reset_index()
@@ -170,7 +171,9 @@ def calibrate_publish(cfg: DictConfig) -> None:
     extra = {"devices": devices, "families": families, "metrics": summary,
              "baselines": {"constant_eta": run.constant_eta()},
              "rules": {"prefer_sources": list(cfg.rules.prefer_sources),
+                       "family_sources": OmegaConf.to_container(cfg.rules.family_sources),
                        "providers": OmegaConf.to_container(cfg.rules.providers),
+                       "prefer_providers": OmegaConf.to_container(cfg.rules.prefer_providers),
                        "exclude_sweeps": list(cfg.rules.exclude_sweeps or ()),
                        "eta_floor": float(cfg.learner.eta_floor),
                        "block_rows": int(cfg.evaluation.block_rows),

@@ -8,9 +8,9 @@ Rules, in order (each row is counted under the first rule that removes it):
    setups the features cannot tell apart (Vidur's pairwise_nvlink nodes: pairs
    of NVLink GPUs joined by a slower network, labelled like the DGX rows).
 4. sweep: per (device, family) ONE dataset is used, for both tiers: the first
-   source in the order of `prefer_sources` (substrings of the source: our own
-   sweeps are 'measured', imports 'import:aiconfigurator@...'), then the most
-   rows. Within
+   source in the order of `family_sources[family]` then `prefer_sources`
+   (substrings of the source: our own sweeps are 'measured', imports
+   'import:aiconfigurator@...'), then the most rows. Within
    it, sweep ids are '<series>-<version>' (aiconfigurator/h100_sxm/vllm-0.24.0)
    and only the newest version of each series is kept; unversioned series are
    shards of one campaign (Vidur's per-model profiles, NeuSight's train/test)
@@ -20,8 +20,10 @@ Rules, in order (each row is counted under the first rule that removes it):
    most rows (the engine's default kernel: torch.F.linear for bf16 GEMMs,
    per-tensor CUTLASS for fp8, FA3 on Hopper, ...) unless `providers` names
    one per family (collectives: NCCL, the implementation every dataset
-   measured); rows of other providers (block-scaled fp8, alternative attention
-   backends, vLLM's custom all-reduce) are excluded.
+   measured; a variant without it is excluded) or `prefer_providers` lists
+   some (the first the variant has; the most rows when it has none); rows of
+   other providers (block-scaled fp8, alternative attention backends, vLLM's
+   custom all-reduce, eager PyTorch norms beside Triton ones) are excluded.
 6. η < 1 rows (measured faster than the roofline: L2-resident operands,
    split-K GEMMs beating the wave-quantized bound) are KEPT: models learn log η
    as measured, predictions are floored at η_floor (1 by default), and the
@@ -94,9 +96,11 @@ def variant_columns(family: str) -> list[str]:
     return [f.name for f in get_family(family).fields if f.kind in ("dtype", "choice", "bool")]
 
 
-def select(df: pd.DataFrame, prefer_sources=(), providers=None, exclude_sweeps=()) -> tuple:
+def select(df: pd.DataFrame, prefer_sources=(), providers=None, exclude_sweeps=(), family_sources=None,
+           prefer_providers=None) -> tuple:
     """Apply rules 1-5: (kept rows, counts per device/family/rule, chosen sweeps and providers per block)."""
-    providers = dict(providers or {})
+    providers, prefer_providers = dict(providers or {}), dict(prefer_providers or {})
+    family_sources = dict(family_sources or {})
     reason = pd.Series(None, index=df.index, dtype=object)
     reason[df["status"] != "ok"] = "status not ok"
     throttled = df["flags"].fillna("").str.contains(r"(?:^|,)throttled(?:,|$)", regex=True)
@@ -105,15 +109,18 @@ def select(df: pd.DataFrame, prefer_sources=(), providers=None, exclude_sweeps=(
         reason[reason.isna() & df["sweep_id"].str.contains(pattern, regex=False)] = "excluded sweep"
     chosen = []
     for (device, family), part in df[reason.isna()].groupby(["device", "family"], sort=True):
-        sweeps = choose_sweeps(part, tuple(prefer_sources))
+        sweeps = choose_sweeps(part, (*family_sources.get(family, ()), *prefer_sources))
         reason[part.index[~part["sweep_id"].isin(sweeps)]] = "other sweep"
         in_sweep = part[part["sweep_id"].isin(sweeps)]
         wanted = providers.get(family)
         used = set()
         for _variant, sub in in_sweep.groupby(variant_columns(family), sort=True, dropna=False):
             counts = sub["provider"].value_counts()
+            preferred = [p for p in prefer_providers.get(family, ()) if p in counts.index]
             if wanted is not None:
                 provider = wanted if wanted in counts.index else None
+            elif preferred:
+                provider = preferred[0]
             else:
                 provider = sorted(counts.index, key=lambda p: (-counts[p], p))[0]
             reason[sub.index[sub["provider"] != provider]] = "other provider"

@@ -108,6 +108,17 @@ def test_row_rules():
     assert choose_sweeps(pd.concat([a, measured]), ("measured",)) == ["h100_sxm/mine"]
     assert choose_sweeps(pd.concat([a, measured]), ("synthetic", "measured")) == ["synthetic/h100_sxm/v-1.0"]
     assert choose_sweeps(pd.concat([a, measured])) == ["synthetic/h100_sxm/v-1.0"]  # no order: the most rows
+    # family_sources go before prefer_sources for their family only; prefer_providers pick within a variant
+    # (the most rows when the variant has none of them), where `providers` would drop the variant.
+    triton = measured.assign(provider="triton.matmul")
+    mixed = pd.concat([a, measured, triton], ignore_index=True)
+    kept, _, chosen = select(mixed, ("synthetic",), family_sources={"gemm": ["measured"]},
+                             prefer_providers={"gemm": ["triton.matmul"]})
+    assert set(kept["sweep_id"]) == {"h100_sxm/mine"} and set(kept["provider"]) == {"triton.matmul"}
+    kept, _, _ = select(mixed, ("synthetic",), family_sources={"norm": ["measured"]},
+                        prefer_providers={"gemm": ["cutlass.absent"]})
+    assert set(kept["sweep_id"]) == {"synthetic/h100_sxm/v-1.0"} and set(kept["provider"]) == {"torch.F.linear"}
+    assert select(mixed, ("synthetic",), providers={"gemm": "cutlass.absent"})[0].empty
 
 
 def test_constant_baseline_round_trips_through_its_published_table():

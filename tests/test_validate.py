@@ -27,11 +27,11 @@ from kernelsight.sim.validate import report as rep
 from kernelsight.sim.validate.allreduce import fit_custom_allreduce
 from kernelsight.sim.validate.rows import (ValidationRow, default_csv, model_for, parse_mappings, read_rows,
                                            throughput, with_protocol)
-from kernelsight.sim.validate.run import RunSettings, Tier, round_s, simulate_row
+from kernelsight.sim.validate.run import RunSettings, Tier, deployment_engine, round_s, simulate_row
 
 HEADER = "id,model_path,precision,system,isl,osl,concurrency,tp_size,ttft_ms,tpot_ms"
 GOOD = "a,Qwen/Qwen3-32B,bf16,h100_sxm,1024,128,8.0,2.0,154.2,18.0"
-MAPPINGS = [{"model_path": "Qwen/Qwen3-32B", "precision": "bf16", "model": "qwen3-32b"},
+MAPPINGS = [{"model_path": "Qwen/Qwen3-32B", "precision": "bf16", "model": "qwen3-32b", "deployment": "aiconfigurator"},
             {"model_path": "Qwen/Qwen3-32B", "precision": "fp8", "model": "qwen3-32b", "weight_dtype": "fp8",
              "kv_dtype": "fp8"},
             {"model_path": "meta-llama/Llama-3.1-70B", "precision": "fp8", "model": "llama3.1-70b-fp8",
@@ -131,6 +131,31 @@ def test_range_ratio_draws_benchmark_serving_lengths():
     assert set(fixed.output_len) == {24} and len(fixed.output_len) == 4 * 6
 
 
+def test_deployment_comes_from_the_mapping_and_bad_values_are_one_line():
+    rows = {(r.model_path, r.precision): r for r in read_rows(default_csv())}
+    maps = parse_mappings(MAPPINGS)
+    assert with_protocol(rows[("Qwen/Qwen3-32B", "bf16")], maps).deployment == "aiconfigurator"
+    assert with_protocol(rows[("meta-llama/Llama-3.1-70B", "fp8")], maps).deployment == "engine"
+    assert with_protocol(rows[("Qwen/Qwen3-32B", "bf16")], []).deployment == "engine"
+    message = one_line_error(parse_mappings, [{"model_path": "a", "precision": "bf16", "model": "qwen3-32b",
+                                               "deployment": "dynamo"}])
+    assert "validate.models[0]" in message and "deployment='dynamo'" in message and "aiconfigurator" in message
+
+
+def test_aiconfigurator_deployment_sets_budget_seqs_and_graphs():
+    # aiconfigurator's vLLM rule: budget = batch size + isl + 1500, max_num_seqs = batch size, graphs 1..batch size.
+    row = small_row(isl=2000, concurrency=4, deployment="aiconfigurator")
+    engine = deployment_engine(engine_map(NO_FRONTEND), row)
+    assert engine["scheduler"]["max_num_batched_tokens"] == 3504 and engine["scheduler"]["max_num_seqs"] == 4
+    assert engine["cuda_graph"]["capture_sizes"] == [1, 2, 3, 4]
+    assert deployment_engine(engine_map(), dataclasses.replace(row, deployment="engine")) == engine_map()
+    # A burst of four 2000-token prompts: one step under vLLM's 8192 budget, three (chunked) under 3504.
+    model, settings = load_model("llama3.1-8b"), RunSettings(0, 1, 0, engine_map(NO_FRONTEND), start="burst")
+    default = simulate_row(dataclasses.replace(row, deployment="engine"), model, ROOFLINE, settings)
+    chunked = simulate_row(row, model, ROOFLINE, settings)
+    assert sorted(default.first) == [0, 0, 0, 0] and sorted(chunked.first) == [0, 1, 1, 2]
+
+
 def test_unmapped_model_falls_back_to_hf_repo_or_fails_in_one_line():
     row = ValidationRow("x", 7, "nvidia/Llama-3.1-70B-Instruct-FP8", "fp8", "h100_sxm", 8, 8, 1, 1, 1, 1.0, 1.0)
     assert model_for(row, []).name == "llama3.1-70b-fp8"
@@ -212,7 +237,7 @@ def test_staggered_round_prefills_a_long_prompt_in_budget_chunks():
     engine = engine_map()
     engine["scheduler"]["max_num_batched_tokens"] = 2048
     settings = RunSettings(0, 1, 0, engine, start="staggered")
-    pricer = build_setup(_config(row, model, ROOFLINE, settings)).pricer
+    pricer = build_setup(_config(row, model, ROOFLINE, engine)).pricer
     chunks = [(2048, 0, 0), (2048, 2048, 0), (904, 4096, 1)]
     prefill = sum(pricer.step_time(StepBatch(prefill_new=(n,), prefill_ctx=(done,), prefill_sampled=s)).total_s
                   for n, done, s in chunks)

@@ -269,6 +269,9 @@ def _protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mapping
         notes = [f"{k} {v}" for k, v in (("weight dtype", m.weight_dtype), ("KV cache", m.kv_dtype)) if v]
         if m.range_ratio < 1:
             notes.append(f"lengths uniform in [floor(r L), L], r = {m.range_ratio:g}")
+        if m.deployment == "aiconfigurator":
+            notes.append("aiconfigurator's generated deployment: max_num_batched_tokens = concurrency + isl + 1500, "
+                         "max_num_seqs = concurrency, CUDA graphs for batch sizes 1..concurrency")
         extra = ", ".join(notes)
         out.append(f"model {m.model_path} at {m.precision} -> conf/model/{m.model}.yaml" + (f" ({extra})" if extra else ""))
     return out

@@ -73,6 +73,7 @@ class ValidationRow:
     ttft_ms: float
     tpot_ms: float
     range_ratio: float = 1.0  # the benchmark's lengths: uniform in [floor(r * L), L] for L = isl, osl (1: fixed)
+    deployment: str = "engine"  # how the engine was configured (DEPLOYMENTS)
 
     @property
     def throughput(self) -> float:
@@ -150,6 +151,15 @@ def _row(path: Path, line: int, rec: dict) -> ValidationRow:
 
 # -- model and layout ----------------------------------------------------------------------
 
+# How a row's engine was configured, beyond the engine profile (run.deployment_engine applies it):
+#   engine          the engine profile as it is (`vllm serve` defaults: a budget of 8192 tokens on an H100)
+#   aiconfigurator  a deployment written by aiconfigurator's generator for an aggregated vLLM benchmark
+#                   (src/aiconfigurator/generator/rule_plugin/benchmark/vllm.rule): max_num_tokens =
+#                   max_batch_size + isl + 1500 as --max-num-batched-tokens, max_batch_size as --max-num-seqs
+#                   and CUDA graphs captured for every batch size 1..max_batch_size; the rows' batch size
+#                   is their concurrency (the source's batch_size column).
+DEPLOYMENTS = ("engine", "aiconfigurator")
+
 @dataclass(frozen=True)
 class ModelMapping:
     """One conf/validate.yaml `models:` entry: (model_path, precision) -> model config and dtype overrides."""
@@ -160,10 +170,11 @@ class ModelMapping:
     weight_dtype: str | None = None
     kv_dtype: str | None = None
     range_ratio: float = 1.0
+    deployment: str = "engine"
 
     @classmethod
     def from_mapping(cls, raw: dict, where: str) -> "ModelMapping":
-        known = {"model_path", "precision", "model", "weight_dtype", "kv_dtype", "range_ratio"}
+        known = {"model_path", "precision", "model", "weight_dtype", "kv_dtype", "range_ratio", "deployment"}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise KernelsightError(f"{where}: unknown key {unknown[0]!r}{did_you_mean(unknown[0], known)}; "
@@ -177,10 +188,13 @@ class ModelMapping:
         ratio = raw.get("range_ratio", 1.0)
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio <= 1:
             raise KernelsightError(f"{where}: range_ratio={ratio!r}: must be a number in (0, 1] (1: fixed lengths)")
+        deployment = raw.get("deployment", "engine")
+        if deployment not in DEPLOYMENTS:
+            raise KernelsightError(f"{where}: deployment={deployment!r}: choose one of {', '.join(DEPLOYMENTS)}")
         dtypes = {k: canonical_dtype(raw[k]) for k in ("precision", "weight_dtype", "kv_dtype") if raw.get(k)}
         return cls(model_path=raw["model_path"], precision=dtypes["precision"], model=raw["model"],
                    weight_dtype=dtypes.get("weight_dtype"), kv_dtype=dtypes.get("kv_dtype"),
-                   range_ratio=float(ratio))
+                   range_ratio=float(ratio), deployment=deployment)
 
 
 def parse_mappings(entries) -> list[ModelMapping]:
@@ -193,9 +207,10 @@ def mapping_for(row: ValidationRow, mappings: list[ModelMapping]) -> ModelMappin
 
 
 def with_protocol(row: ValidationRow, mappings: list[ModelMapping]) -> ValidationRow:
-    """The row with its benchmark's length range ratio from its mapping entry (fixed lengths without one)."""
+    """The row with its benchmark's length range ratio and its deployment from its mapping entry (fixed
+    lengths and the engine profile as it is without one)."""
     m = mapping_for(row, mappings)
-    return replace(row, range_ratio=m.range_ratio) if m else row
+    return replace(row, range_ratio=m.range_ratio, deployment=m.deployment) if m else row
 
 
 def model_for(row: ValidationRow, mappings: list[ModelMapping], where: str = "") -> ModelConfig:

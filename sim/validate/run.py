@@ -158,12 +158,24 @@ def round_s(pricer, row: ValidationRow) -> float:
     return prefill + row.osl * decode
 
 
-def _config(row: ValidationRow, model, tier: Tier, settings: RunSettings):
+def deployment_engine(engine: dict, row: ValidationRow) -> dict:
+    """The engine profile (mapping) of a row's deployment (rows.DEPLOYMENTS): aiconfigurator's generated
+    vLLM deployments set the token budget to concurrency + isl + 1500, max_num_seqs to the concurrency
+    and capture CUDA graphs for every batch size up to it."""
+    if row.deployment == "engine":
+        return engine
+    scheduler = {**engine["scheduler"], "max_num_batched_tokens": row.concurrency + row.isl + 1500,
+                 "max_num_seqs": row.concurrency}
+    graphs = {**engine["cuda_graph"], "capture_sizes": list(range(1, row.concurrency + 1))}
+    return {**engine, "scheduler": scheduler, "cuda_graph": graphs}
+
+
+def _config(row: ValidationRow, model, tier: Tier, engine: dict):
     """The composed-config form of one row, for sim.simulate.build_setup."""
     return OmegaConf.create({
         "model": model.as_dict(),
         "hardware": load_hardware(row.device).as_dict(),
-        "engine": settings.engine,
+        "engine": engine,
         "parallel": {"name": f"tp{row.tp}", "tp": row.tp, "pp": row.pp},
         "workload": _workload(row),
         "predictor": {"tier": tier.predictor_tier, "bundle": tier.bundle},
@@ -180,12 +192,13 @@ def simulate_row(row: ValidationRow, model, tier: Tier, settings: RunSettings,
                  num_requests: int | None = None) -> StepLog:
     """Simulate one row and return its step log (the predictor's warnings travel in log.warnings,
     for the caller to report once per tier)."""
-    key = (row.device, row.tp, row.pp, model, tier, repr(settings.engine))
+    engine = deployment_engine(settings.engine, row)
+    key = (row.device, row.tp, row.pp, model, tier, repr(engine))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         setup = _SETUPS.get(key)
         if setup is None:
-            setup = _SETUPS[key] = build_setup(_config(row, model, tier, settings))
+            setup = _SETUPS[key] = build_setup(_config(row, model, tier, engine))
         if setup.engine.host.async_scheduling:
             raise KernelsightError("validation needs engine.host.async_scheduling=false: the step log of a "
                                    "synchronous engine is what the composition fit re-prices")
