@@ -112,8 +112,8 @@ def test_row_rules():
     # (the most rows when the variant has none of them), where `providers` would drop the variant.
     triton = measured.assign(provider="triton.matmul")
     mixed = pd.concat([a, measured, triton], ignore_index=True)
-    kept, _, chosen = select(mixed, ("synthetic",), family_sources={"gemm": ["measured"]},
-                             prefer_providers={"gemm": ["triton.matmul"]})
+    kept, _, _ = select(mixed, ("synthetic",), family_sources={"gemm": ["measured"]},
+                        prefer_providers={"gemm": ["triton.matmul"]})
     assert set(kept["sweep_id"]) == {"h100_sxm/mine"} and set(kept["provider"]) == {"triton.matmul"}
     kept, _, _ = select(mixed, ("synthetic",), family_sources={"norm": ["measured"]},
                         prefer_providers={"gemm": ["cutlass.absent"]})
