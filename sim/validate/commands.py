@@ -32,7 +32,7 @@ from kernelsight.sim.schema import plain
 from . import composition as comp
 from . import report as rep
 from .allreduce import custom_allreduce_rows, fit_custom_allreduce
-from .rows import default_csv, model_for, parse_mappings, read_rows, throughput, with_protocol
+from .rows import DEPLOYMENTS, default_csv, model_for, parse_mappings, read_rows, throughput, with_protocol
 from .run import START_MODES, RunSettings, Tier, first_token_group, simulate_rows
 
 
@@ -269,9 +269,8 @@ def _protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mapping
         notes = [f"{k} {v}" for k, v in (("weight dtype", m.weight_dtype), ("KV cache", m.kv_dtype)) if v]
         if m.range_ratio < 1:
             notes.append(f"lengths uniform in [floor(r L), L], r = {m.range_ratio:g}")
-        if m.deployment == "aiconfigurator":
-            notes.append("aiconfigurator's generated deployment: max_num_batched_tokens = concurrency + isl + 1500, "
-                         "max_num_seqs = concurrency, CUDA graphs for batch sizes 1..concurrency")
+        if m.deployment != "engine":
+            notes.append(DEPLOYMENTS[m.deployment])
         extra = ", ".join(notes)
         out.append(f"model {m.model_path} at {m.precision} -> conf/model/{m.model}.yaml" + (f" ({extra})" if extra else ""))
     return out

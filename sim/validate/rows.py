@@ -151,14 +151,17 @@ def _row(path: Path, line: int, rec: dict) -> ValidationRow:
 
 # -- model and layout ----------------------------------------------------------------------
 
-# How a row's engine was configured, beyond the engine profile (run.deployment_engine applies it):
-#   engine          the engine profile as it is (`vllm serve` defaults: a budget of 8192 tokens on an H100)
-#   aiconfigurator  a deployment written by aiconfigurator's generator for an aggregated vLLM benchmark
-#                   (src/aiconfigurator/generator/rule_plugin/benchmark/vllm.rule): max_num_tokens =
-#                   max_batch_size + isl + 1500 as --max-num-batched-tokens, max_batch_size as --max-num-seqs
-#                   and CUDA graphs captured for every batch size 1..max_batch_size; the rows' batch size
-#                   is their concurrency (the source's batch_size column).
-DEPLOYMENTS = ("engine", "aiconfigurator")
+# How a row's engine was configured beyond the engine profile (run.deployment_engine applies it; the
+# report prints the description). aiconfigurator: its generator's rule for an aggregated vLLM benchmark
+# (src/aiconfigurator/generator/rule_plugin/benchmark/vllm.rule), max_num_tokens = max_batch_size + isl + 1500
+# as --max-num-batched-tokens, max_batch_size as --max-num-seqs and as the largest CUDA-graph size; the rows'
+# batch size is their concurrency (the source's batch_size column).
+DEPLOYMENTS = {
+    "engine": "the engine profile as it is",
+    "aiconfigurator": "aiconfigurator's generated deployment: max_num_batched_tokens = concurrency + isl + 1500, "
+                      "max_num_seqs = concurrency, CUDA graphs for batch sizes 1..concurrency",
+}
+
 
 @dataclass(frozen=True)
 class ModelMapping:

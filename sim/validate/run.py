@@ -60,11 +60,12 @@ class RunSettings:
 
     Each client sends warmup_rounds + rounds requests; the metrics are means over the requests after
     the warmup. The benchmarks behind the validation data send 10 x concurrency measured requests
-    (aiconfigurator's aiperf runs: --request-count 10 x concurrency after 2 x concurrency warmup
-    requests; benchmark_serving in the InferenceMAX recipes: --num-prompts 10 x concurrency after
-    --num-warmups 2 x concurrency): a warmup, if any, finishes before the measured phase, which
-    therefore starts from an idle engine with all clients at once (start='burst', warmup_rounds=0,
-    rounds=10).
+    (aiconfigurator's eval runners: aiperf --request-count 10 x concurrency after 2 x concurrency
+    warmup requests, bench_serving --num-prompts 10 x concurrency; benchmark_serving in the InferenceMAX
+    recipes: --num-prompts 10 x concurrency after --num-warmups 2 x concurrency; aiconfigurator's
+    generated bench script sends 50 x concurrency, see data/validation/README.md): a warmup, if any,
+    finishes before the measured phase, which therefore starts from an idle engine with all clients at
+    once (start='burst', warmup_rounds=0, rounds=10).
     """
 
     warmup_rounds: int
@@ -158,13 +159,16 @@ def round_s(pricer, row: ValidationRow) -> float:
     return prefill + row.osl * decode
 
 
+# aiconfigurator's vLLM rule: token budget = batch size + isl + this (rows.DEPLOYMENTS).
+AICONFIGURATOR_BUDGET_MARGIN = 1500
+
+
 def deployment_engine(engine: dict, row: ValidationRow) -> dict:
-    """The engine profile (mapping) of a row's deployment (rows.DEPLOYMENTS): aiconfigurator's generated
-    vLLM deployments set the token budget to concurrency + isl + 1500, max_num_seqs to the concurrency
-    and capture CUDA graphs for every batch size up to it."""
+    """The engine profile (mapping) of a row's deployment (rows.DEPLOYMENTS)."""
     if row.deployment == "engine":
         return engine
-    scheduler = {**engine["scheduler"], "max_num_batched_tokens": row.concurrency + row.isl + 1500,
+    budget = row.concurrency + row.isl + AICONFIGURATOR_BUDGET_MARGIN
+    scheduler = {**engine["scheduler"], "max_num_batched_tokens": budget,
                  "max_num_seqs": row.concurrency}
     graphs = {**engine["cuda_graph"], "capture_sizes": list(range(1, row.concurrency + 1))}
     return {**engine, "scheduler": scheduler, "cuda_graph": graphs}

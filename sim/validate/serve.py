@@ -34,6 +34,7 @@ from kernelsight.sim.model import load_model
 from kernelsight.sim.simulate import build_setup
 
 from . import composition as comp
+from . import report as rep
 from .rows import throughput
 from .run import Recorder, step_log
 
@@ -156,7 +157,7 @@ def validate_serve(run_dir, engine_map: dict, tier: dict, params, metrics) -> tu
     for col in ("ttft_heldout", "tpot_heldout", "throughput_heldout"):
         df[col] = np.nan
     if not lins:  # nothing to fit on: the profile's host terms only
-        return _with_errors(df), {}
+        return rep.add_errors(df), {}
     measured = df.loc[closed, ["ttft", "tpot"]].to_numpy()
     theta = comp.fit(lins, measured, params, metrics)
     fits = {"all closed-loop workloads": theta}
@@ -172,22 +173,12 @@ def validate_serve(run_dir, engine_map: dict, tier: dict, params, metrics) -> tu
         if w.arrival != "closed_loop":
             _, summary, _ = simulate_workload(env, w, fitted, tier)
             df.loc[i, ["ttft_heldout", "tpot_heldout", "throughput_heldout"]] = sim_metrics(summary, w)
-    return _with_errors(df), fits
-
-
-def _with_errors(df: pd.DataFrame) -> pd.DataFrame:
-    """Signed percentage errors of the simulated and held-out TTFT, TPOT and throughput."""
-    for metric in ("ttft", "tpot", "throughput"):
-        for kind in ("simulated", "heldout"):
-            df[f"{metric}_{kind}_err_pct"] = (df[f"{metric}_{kind}"] / df[metric] - 1) * 100
-    return df
+    return rep.add_errors(df), fits
 
 
 def validate_serve_command(cfg) -> pd.DataFrame:
     """`kernelsight validate serve.run=DIR engine=transformers_cb`: score, report and write the table."""
     from kernelsight.sim.schema import plain
-
-    from . import report as rep
 
     start = time.perf_counter()
     engine_map, serve = plain(cfg.engine), plain(cfg.serve)
@@ -215,10 +206,10 @@ def validate_serve_command(cfg) -> pd.DataFrame:
         cells = []
         for m in ("ttft", "tpot", "throughput"):
             cells += [f"{getattr(r, m):.1f}"] + [
-                f"{getattr(r, f'{m}_{kind}'):.1f} ({getattr(r, f'{m}_{kind}_err_pct'):+.0f}%)"
+                f"{getattr(r, f'{m}_{kind}'):.1f} ({getattr(r, f'err_{m}_{kind}'):+.0f}%)"
                 if np.isfinite(getattr(r, f"{m}_{kind}")) else "-" for kind in ("simulated", "heldout")]
         lines.append(f"| {r.workload} | {traffic} | " + " | ".join(cells) + " |")
-    med = {m: df[f"{m}_heldout_err_pct"].abs().median() for m in ("ttft", "tpot", "throughput")}
+    med = {m: df[f"abs_{m}_heldout"].median() for m in ("ttft", "tpot", "throughput")}
     if not fits:
         lines += ["", "No closed-loop workload in this run: nothing fitted, no held-out scores (the profile's "
                       "host terms only)."]
