@@ -25,7 +25,7 @@ from kernelsight.predictor.paths import data_dir
 LIBRARIES = ("lightgbm", "numpy", "pandas", "pyarrow")
 
 
-def _version(dist: str) -> str:
+def package_version(dist: str = "kernelsight") -> str:
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -91,11 +91,11 @@ def publish(out, models: list, training_data: list[dict], created: str | None = 
                                                                            if m.tier == tier})}
                     for tier in sorted({m.tier for m in models})}
         manifest = {
-            "format": FORMAT, "schema_version": SCHEMA_VERSION, "code_version": _version("kernelsight"),
+            "format": FORMAT, "schema_version": SCHEMA_VERSION, "code_version": package_version(),
             "created": creation_time(created), "content_id": content, "training_data": data,
             "devices": {}, "families": {}, "metrics": {}, **(extra or {}),
             "features": features,
-            "libraries": {**{lib: _version(lib) for lib in LIBRARIES}, "python": platform.python_version()},
+            "libraries": {**{lib: package_version(lib) for lib in LIBRARIES}, "python": platform.python_version()},
             "models": entries, "files": files,
         }
         (tmp / MANIFEST).write_text(_dump(manifest), encoding="utf-8")

@@ -8,6 +8,7 @@ measurements).
 """
 from __future__ import annotations
 
+import inspect
 import sys
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from kernelsight.predictor.bundle import load_bundle, sha256_file, shared_bundle
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.families import SHAPE_COLUMNS, get_family, make_shape
+from kernelsight.predictor.features import TIERS
 from kernelsight.predictor.hardware import resolve_device
 
 from . import evaluate as ev
@@ -35,11 +37,25 @@ def _as_list(value) -> list | None:
     return list(value)
 
 
+def learner_settings(cfg: DictConfig) -> dict:
+    """EtaRegressor's parameters from cfg.learner and cfg.seed, checked (one line naming a bad key)."""
+    learner = {**OmegaConf.to_container(cfg.learner), "seed": int(cfg.seed)}
+    known = set(inspect.signature(EtaRegressor).parameters) - {"family", "tier", "device"}
+    for key in learner:
+        if key not in known:
+            raise KernelsightError(f"learner.{key}: unknown setting; known: {', '.join(sorted(known))}")
+    bad = [t for t in learner.get("linear_tiers") or () if t not in TIERS]
+    if bad:
+        raise KernelsightError(f"learner.linear_tiers: {bad[0]!r} is not a tier ({', '.join(TIERS)})")
+    return learner
+
+
 class Calibration:
     """The selected data of one run: rows, blocks, counts and timings."""
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
+        learner_settings(cfg)  # a bad setting fails before the data is read
         self.timings: dict[str, float] = {}
         t = time.perf_counter()
         self.files = rw.input_files(_as_list(cfg.data.paths))
@@ -71,7 +87,7 @@ class Calibration:
 
     @property
     def learner(self) -> dict:
-        return {**OmegaConf.to_container(self.cfg.learner), "seed": int(self.cfg.seed)}
+        return learner_settings(self.cfg)
 
     def evaluate(self, targets) -> pd.DataFrame:
         ecfg = self.cfg.evaluation
@@ -144,6 +160,20 @@ def calibrate(cfg: DictConfig) -> None:
     print(f"report: {Path(cfg.out) / 'REPORT.md'}  ({sum(run.timings.values()):.0f} s)")
 
 
+def build_settings(cfg: DictConfig) -> dict:
+    """What a bundle was fitted with beyond its data (the manifest's rules and learner): a cached bundle
+    whose manifest differs from the current configuration is stale."""
+    return {"rules": {"prefer_sources": list(cfg.rules.prefer_sources),
+                      "family_sources": OmegaConf.to_container(cfg.rules.family_sources),
+                      "providers": OmegaConf.to_container(cfg.rules.providers),
+                      "prefer_providers": OmegaConf.to_container(cfg.rules.prefer_providers),
+                      "exclude_sweeps": list(cfg.rules.exclude_sweeps or ()),
+                      "eta_floor": float(cfg.learner.eta_floor),
+                      "block_rows": int(cfg.evaluation.block_rows),
+                      "cross_rows_per_device": int(cfg.evaluation.cross_rows_per_device)},
+            "learner": learner_settings(cfg)}
+
+
 def calibrate_publish(cfg: DictConfig) -> None:
     """Evaluate every GPU (unless publish.evaluate=false), fit the final models, write the bundle to cfg.bundle."""
     start = time.perf_counter()
@@ -169,15 +199,7 @@ def calibrate_publish(cfg: DictConfig) -> None:
                       "cross": sorted(d for d, f in run.blocks if f == fam)}
                 for fam in sorted({f for _, f in run.blocks})}
     extra = {"devices": devices, "families": families, "metrics": summary,
-             "baselines": {"constant_eta": run.constant_eta()},
-             "rules": {"prefer_sources": list(cfg.rules.prefer_sources),
-                       "family_sources": OmegaConf.to_container(cfg.rules.family_sources),
-                       "providers": OmegaConf.to_container(cfg.rules.providers),
-                       "prefer_providers": OmegaConf.to_container(cfg.rules.prefer_providers),
-                       "exclude_sweeps": list(cfg.rules.exclude_sweeps or ()),
-                       "eta_floor": float(cfg.learner.eta_floor),
-                       "block_rows": int(cfg.evaluation.block_rows),
-                       "cross_rows_per_device": int(cfg.evaluation.cross_rows_per_device)}}
+             "baselines": {"constant_eta": run.constant_eta()}, **build_settings(cfg)}
     bundle = publish(cfg.bundle, models, training, created=cfg.publish.created, extra=extra)
     print(f"bundle: {bundle.path} ({len(models)} models, content {bundle.manifest['content_id'][:12]}, "
           f"{time.perf_counter() - start:.0f} s)")

@@ -52,21 +52,29 @@ class EtaRegressor:
     """LightGBM regression of log η on the family's features of one tier.
 
     num_trees, learning_rate, num_leaves, min_data_in_leaf: the LightGBM
-    knobs that matter here; num_threads is fixed (results depend on it);
+    knobs that matter here; linear_tiers: the tiers whose trees hold a linear
+    model of the features in each leaf instead of a constant, so log η follows
+    log size between grid points (a launch-bound kernel's η falls as 1 / size;
+    a constant leaf prices every size between two measured ones like one of
+    them); not the cross tier, where a leaf would extrapolate linearly in the
+    hardware features of an unseen GPU; linear_lambda: its ridge penalty; num_threads is fixed (results depend on it);
     eta_floor: predictions never go below it (1: never faster than the roofline).
     """
 
     def __init__(self, family: str, tier: str, device: str | None = None, num_trees: int = 100,
                  learning_rate: float = 0.2, num_leaves: int = 31, min_data_in_leaf: int = 20,
+                 linear_tiers: tuple = (), linear_lambda: float = 0.0,
                  objective: str = "regression", num_threads: int = 1, seed: int = 0, eta_floor: float = 1.0):
         self.family, self.tier, self.device = family, tier, device
         self.num_trees, self.learning_rate, self.num_leaves = num_trees, learning_rate, num_leaves
         self.min_data_in_leaf, self.objective = min_data_in_leaf, objective
+        self.linear_tiers, self.linear_lambda = tuple(linear_tiers), float(linear_lambda)
         self.num_threads, self.seed, self.eta_floor = num_threads, seed, eta_floor
 
     def _lgb_params(self) -> dict:
         return {**DETERMINISTIC, "objective": self.objective, "learning_rate": self.learning_rate,
                 "num_leaves": self.num_leaves, "min_data_in_leaf": self.min_data_in_leaf,
+                "linear_tree": self.tier in self.linear_tiers, "linear_lambda": self.linear_lambda,
                 "num_threads": self.num_threads, "seed": self.seed}
 
     def fit(self, x: np.ndarray, eta: np.ndarray, provenance: dict | None = None) -> "EtaRegressor":

@@ -103,12 +103,18 @@ class AllReduceSettings:
     custom_max_mib: dict
     custom_alpha_us: float
     custom_bus_efficiency: float
+    fuse_rms_norm_max_mib: dict
 
     def custom_max_bytes(self, world_size: int) -> float:
         """Largest message (bytes, exclusive) the custom kernel takes at this world size; 0 = never."""
         if not self.custom:
             return 0.0
         return self.custom_max_mib.get(f"tp{int(world_size)}", 0.0) * 2.0**20
+
+    def fused_norm_max_bytes(self, world_size: int) -> float:
+        """Largest message (bytes, inclusive) whose all-reduce also does the residual add and RMSNorm
+        after it (one FlashInfer kernel); 0 = never."""
+        return self.fuse_rms_norm_max_mib.get(f"tp{int(world_size)}", 0.0) * 2.0**20
 
 
 @dataclass(frozen=True)
@@ -198,6 +204,8 @@ _FIELDS = {
         "custom_max_mib": Spec("section", fields={f"tp{n}": Spec("number") for n in (2, 4, 6, 8)}),
         "custom_alpha_us": Spec("number"),
         "custom_bus_efficiency": Spec("fraction"),
+        "fuse_rms_norm_max_mib": Spec("section", default={},
+                                      fields={f"tp{n}": Spec("number", default=0.0) for n in (2, 4, 6, 8)}),
     }),
     "memory": Spec("section", fields={
         "total_reserved_fraction": Spec("number"),

@@ -105,7 +105,8 @@ def token_kernels(model: ModelConfig, par: ParallelConfig, engine: EngineProfile
     calls = [KernelCall("embedding", "elementwise", {"numel": t * h, "op": "embedding", "dtype": ab}, 1)]
     if par.tp > 1:
         calls.append(_allreduce("embedding_allreduce", t * h, model, par, 1))
-    calls += _norm_kernels(model, t, k.fused_add_rms_norm)
+    fused_ar = engine.allreduce.fused_norm_max_bytes(par.tp) if par.tp > 1 else 0.0
+    calls += _norm_kernels(model, t, k.fused_add_rms_norm, fused_ar)
 
     q, kv = s.heads * hd, s.kv_heads * hd
     if k.qkv_fused:
@@ -141,21 +142,30 @@ def token_kernels(model: ModelConfig, par: ParallelConfig, engine: EngineProfile
     return calls
 
 
-def _norm_kernels(model: ModelConfig, t, fused: bool) -> list[KernelCall]:
+def _norm_kernels(model: ModelConfig, t, fused: bool, fused_ar_bytes: float = 0.0) -> list[KernelCall]:
     """Residual-carrying norms: every input / pre-MLP norm but layer 0's input, plus the final norm;
-    plain norms: layer 0's input norm and Gemma-2's post-attention / post-feed-forward norms."""
+    plain norms: layer 0's input norm and Gemma-2's post-attention / post-feed-forward norms.
+
+    Each residual norm follows a tensor-parallel all-reduce; up to fused_ar_bytes of message the
+    all-reduce kernel does the residual add and RMSNorm itself (vLLM's FlashInfer all-reduce fusion),
+    so none runs on its own: a count of 0 for those token counts (per row when t is an array)."""
     n_layers = model.layers
     with_residual = 2 * n_layers
     plain = 1 + (2 * n_layers if model.sandwich_norms else 0)
     ab = model.act_dtype
+    if fused_ar_bytes and model.norm == "rms" and not model.sandwich_norms:
+        absorbed = np.asarray(t) * model.hidden * _bytes(ab) <= fused_ar_bytes
+        with_residual = np.where(absorbed, 0, with_residual) if np.ndim(t) else 0 if absorbed else with_residual
     cols = {"tokens": t, "hidden": model.hidden, "op": model.norm, "dtype": ab}
     name = f"{model.norm}norm"
     if not fused:
-        return [KernelCall("residual_add", "elementwise", {"numel": t * model.hidden, "op": "add", "dtype": ab},
-                           with_residual),
-                KernelCall(name, "norm", {**cols, "fused_residual": False}, with_residual + plain)]
-    return [KernelCall(f"add_{name}", "norm", {**cols, "fused_residual": True}, with_residual),
-            KernelCall(name, "norm", {**cols, "fused_residual": False}, plain)]
+        calls = [KernelCall("residual_add", "elementwise", {"numel": t * model.hidden, "op": "add", "dtype": ab},
+                            with_residual),
+                 KernelCall(name, "norm", {**cols, "fused_residual": False}, with_residual + plain)]
+    else:
+        calls = [KernelCall(f"add_{name}", "norm", {**cols, "fused_residual": True}, with_residual),
+                 KernelCall(name, "norm", {**cols, "fused_residual": False}, plain)]
+    return [c for c in calls if np.any(c.count)]
 
 
 def _mlp_kernels(prefix: str, width: int, model: ModelConfig, engine: EngineProfile, t, count: int):

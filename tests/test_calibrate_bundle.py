@@ -160,3 +160,25 @@ def test_shipped_bundle_loads_without_torch_sklearn_or_calibrate():
     out = subprocess.run([sys.executable, "-c", SHIPPED_CHECK], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "LOADED []" in out.stdout
+
+
+@pytest.mark.parametrize("override, message", [
+    ("+learner.num_leafs=8", "learner.num_leafs: unknown setting; known: eta_floor"),
+    ("learner.linear_tiers=[targt]", "learner.linear_tiers: 'targt' is not a tier (target, cross)"),
+])
+def test_bad_learner_setting_is_one_line(synthetic, tmp_path, override, message):
+    key, value = override.split("=", 1)
+    with initialize_config_dir(config_dir=str(Path(conf_dir()).resolve()), version_base="1.3"):
+        cfg = compose(config_name="calibrate", overrides=[f"data.paths=[{synthetic}]", f"out={tmp_path}",
+                                                          f"{key}={value}"])
+    with pytest.raises(KernelsightError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        calibrate(cfg)
+    assert not (tmp_path / "REPORT.md").exists()
+
+
+def test_manifest_records_the_learner_it_was_fitted_with(bundle_dir):
+    manifest = json.loads((bundle_dir / "manifest.json").read_text())
+    assert manifest["learner"]["linear_tiers"] == ["target"] and manifest["learner"]["num_trees"] == 40
+    assert manifest["rules"]["prefer_providers"]["kv_write"] == ["triton.reshape_and_cache"]
+    text = (bundle_dir / manifest["models"]["target/h100_sxm/gemm"]["model"]).read_text()
+    assert "is_linear=1" in text

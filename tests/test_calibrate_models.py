@@ -130,3 +130,28 @@ def test_constant_baseline_round_trips_through_its_published_table():
     devices, families = ["a", "b", "unseen", "unseen", "c"], ["gemm", "gemm", "gemm", "rope", "norm"]
     assert np.allclose(rebuilt.predict(devices, families), fitted.predict(devices, families))
     assert np.allclose(fitted.predict(devices, families), [1.3, 2.0, 1.65, 1.0, 3.0])
+
+
+def test_linear_leaves_price_a_launch_bound_kernel_between_its_grid_sizes():
+    """A kernel that costs 6 us plus its bytes: constant leaves price a size between two measured ones
+    like one of them (η ∝ 1 / size there); linear leaves follow log size."""
+    from kernelsight.predictor.roofline import roofline_columns
+
+    def frame(tokens):
+        grid = [(t, h, d) for t in tokens for h in (1, 2, 4, 8) for d in ("bf16", "fp8")]
+        cols = {"tokens": np.array([g[0] for g in grid]), "kv_heads": np.array([g[1] for g in grid]),
+                "head_dim": np.full(len(grid), 128), "block_size": np.full(len(grid), 16),
+                "dtype": np.array(["bf16"] * len(grid)), "kv_dtype": np.array([g[2] for g in grid])}
+        roof = roofline_columns("kv_write", cols, H100)
+        seconds = 6e-6 + roof["t_roof"] * 1.3
+        return feature_matrix("kv_write", "target", cols, H100), seconds / roof["t_roof"], seconds, roof["t_roof"]
+
+    x, eta, _, _ = frame([1, 16, 128, 1024, 8192, 32768])
+    xq, _, truth, t_roof = frame([4, 48, 400, 3000])
+    errors = {}
+    for tiers in ((), ("target",)):
+        model = EtaRegressor("kv_write", "target", "h100_sxm", **FAST_LEARNER, linear_tiers=tiers,
+                             linear_lambda=0.1).fit(x, eta)
+        errors[tiers] = np.median(np.abs(model.predict(xq) * t_roof / truth - 1))
+        assert ("is_linear=1" in model.model_text_) == bool(tiers)
+    assert errors[("target",)] < 0.1 < errors[()]

@@ -427,3 +427,65 @@ def test_report_names_the_die_sibling_that_prices_the_cross_tier():
     note = _sibling_note(Tier("cross", "cross", None), ["h100_sxm", "l40s"])
     assert "h100_sxm from h200_sxm" in note and "l40s" not in note
     assert "cross-device models only" in _sibling_note(Tier("cross", "cross", None), ["mi300x"])
+
+
+def test_cached_cross_bundle_is_rebuilt_only_when_stale(tmp_path, monkeypatch, capsys):
+    """The shipped bundle is fitted on the same data, rules, learner and code as the cross-tier one:
+    its manifest marks a cached bundle current; any difference marks it stale."""
+    import json
+
+    from kernelsight.calibrate import commands as calibration
+    from kernelsight.predictor.paths import data_dir
+    from kernelsight.sim.validate.commands import ensure_cross_bundle
+
+    built = []
+    monkeypatch.setattr(calibration, "calibrate_publish", lambda cfg: built.append(cfg.bundle))
+    shipped = json.loads((data_dir() / "artifacts" / "default" / "manifest.json").read_text())
+    cached = tmp_path / "no_h100"
+    cached.mkdir()
+    ensure_cross_bundle(str(cached), ["h100_sxm"], 0)
+    assert built == [str(cached)] and "not built yet" in capsys.readouterr().err
+    for change, what in ((lambda m: m, None),
+                         (lambda m: {**m, "learner": {**m["learner"], "num_trees": 7}}, "learner"),
+                         (lambda m: {**m, "training_data": m["training_data"][1:]}, "training_data"),
+                         (lambda m: {**m, "code_version": "0.0.0"}, "code_version")):
+        built.clear()
+        (cached / "manifest.json").write_text(json.dumps(change(shipped)))
+        assert ensure_cross_bundle(str(cached), ["h100_sxm"], 0) == str(cached)
+        err = capsys.readouterr().err
+        assert built == ([] if what is None else [str(cached)])
+        assert (what is None and err == "") or f"{what} changed since it was built: rebuilding" in err
+
+
+def test_inferencemax_deployment_runs_async_and_fuses_norms_into_small_all_reduces():
+    row = small_row(concurrency=4, tp=2, deployment="inferencemax")
+    engine = deployment_engine(engine_map(NO_FRONTEND), row)
+    assert engine["scheduler"]["max_num_batched_tokens"] == 8192 and engine["scheduler"]["max_num_seqs"] == 4
+    assert engine["host"]["async_scheduling"] and engine["allreduce"]["fuse_rms_norm_max_mib"]["tp2"] == 1.0
+    # Llama-3.1-8B: 8 KiB of bf16 hidden state per token; 1 MiB fuses up to 128 tokens.
+    model, par = load_model("llama3.1-8b"), ParallelConfig("tp2", tp=2)
+    fused, plain = load_engine(engine), load_engine(engine_map(NO_FRONTEND))
+
+    def norms(profile, tokens):
+        return {c.name: c.count for c in token_kernels(model, par, profile, tokens) if c.family == "norm"}
+
+    assert norms(plain, 128) == {"add_rmsnorm": 64, "rmsnorm": 1}
+    assert norms(fused, 128) == {"rmsnorm": 1} and norms(fused, 129) == norms(plain, 129)
+    table = {c.name: c.count for c in token_kernels(model, par, fused, np.array([1, 128, 129, 4096]))}
+    assert table["add_rmsnorm"].tolist() == [0, 0, 64, 64]
+    assert not load_engine(engine_map()).allreduce.fused_norm_max_bytes(2)  # off in the shipped profile
+
+
+def test_async_rows_are_scored_as_they_ran_and_do_not_inform_the_host_fit():
+    row, model = small_row(concurrency=4, deployment="inferencemax"), load_model("llama3.1-8b")
+    settings = RunSettings(0, 1, 0, engine_map(NO_FRONTEND), start="burst")
+    log = simulate_row(row, model, ROOFLINE, settings)
+    assert log.asynchronous
+    lin = comp.linearize(log, load_engine(settings.engine).host, np.ones(len(log.request_id), dtype=bool))
+    assert lin.ttft0 == pytest.approx(log.summary["mean_ttft_ms"], rel=1e-9)
+    assert lin.tpot0 == pytest.approx(log.summary["mean_tpot_ms"], rel=1e-9)
+    assert set(lin.dtpot.values()) == {0.0} and lin.hidden({}) and not lin.hidden({"step_overhead_us": 1e6})
+    # Only asynchronous rows to learn from: the host terms are not identified and come out 0, not the
+    # profile's value (fitted on every row, the held-out ones included).
+    theta = comp.fit([lin, lin], np.array([[50.0, 8.0], [50.0, 9.0]]), ["per_request_us"])
+    assert theta["per_request_us"] == 0.0

@@ -16,6 +16,7 @@ conf/validate.yaml (`kernelsight validate --help`). The run:
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -56,13 +57,14 @@ def resolve_bundle(value) -> str | None:
 
 def ensure_cross_bundle(path: str, exclude: list[str], seed: int) -> str:
     """The cross-device bundle: `calibrate publish` on every calibration GPU except `exclude`, built
-    once (minutes) and cached at `path`."""
-    if (Path(path) / "manifest.json").is_file():
-        return path
+    once (minutes) and cached at `path`; rebuilt when the cached one is stale (other data, calibration
+    settings or code version than it was fitted with)."""
     import pyarrow.parquet as pq
 
     from kernelsight.calibrate import rows as calibration_rows
-    from kernelsight.calibrate.commands import calibrate_publish
+    from kernelsight.calibrate.bundle import data_label, package_version
+    from kernelsight.calibrate.commands import build_settings, calibrate_publish
+    from kernelsight.predictor.bundle import sha256_file
 
     files = calibration_rows.input_files(None)
     devices = sorted({d for f in files for d in pq.read_table(f, columns=["device"]).column(0).to_pylist()}
@@ -76,10 +78,29 @@ def ensure_cross_bundle(path: str, exclude: list[str], seed: int) -> str:
     cfg.data.devices = devices
     cfg.publish.evaluate = False
     cfg.publish.created = "2000-01-01T00:00:00Z"  # pinned: the bundle depends on its inputs only
+    expected = {**build_settings(cfg), "code_version": package_version(),
+                "training_data": {data_label(f): sha256_file(f) for f in files}}
+    stale = _stale(Path(path) / "manifest.json", expected)
+    if stale == "":
+        return path
     print(f"kernelsight validate: building the cross-device η bundle without {', '.join(exclude)} at {path} "
-          f"(once; several minutes)", file=sys.stderr)
+          f"({stale}; several minutes)", file=sys.stderr)
     calibrate_publish(cfg)
     return path
+
+
+def _stale(manifest_path: Path, expected: dict) -> str:
+    """Why a cached bundle must be (re)built ('' when it is current)."""
+    if not manifest_path.is_file():
+        return "not built yet"
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        found = {**{k: manifest.get(k) for k in ("rules", "learner", "code_version")},
+                 "training_data": {d["file"]: d["sha256"] for d in manifest.get("training_data", ())}}
+    except (ValueError, TypeError, KeyError):
+        return "its manifest is unreadable: rebuilding"
+    changed = [k for k in expected if found.get(k) != expected[k]]
+    return f"{' and '.join(changed)} changed since it was built: rebuilding" if changed else ""
 
 
 def _tiers(cfg) -> list[tuple[Tier, list]]:
@@ -191,6 +212,11 @@ def validate(cfg) -> pd.DataFrame:
         heldout, thetas = (comp.leave_one_group_out(lins, measured, groups, params, metrics)
                            if len(set(groups)) > 1 else (np.full_like(simulated, np.nan), {}))
         fits[tier.name] = {"all rows": comp.fit(lins, measured, params, metrics), **thetas}
+        exposed = [r.line for r, lin in zip(rows, lins)
+                   if not all(lin.hidden(theta) for theta in ({}, *fits[tier.name].values()))]
+        if exposed:  # an asynchronous row scored as it ran although a fitted host term outlasts a GPU step
+            warned[tier.name].append(f"rows {', '.join(map(str, exposed))}: async scheduling, but the fitted host "
+                                     f"terms outlast some steps' GPU time; scored as if hidden")
         frame = pd.DataFrame({
             "tier": tier.name, "line": [r.line for r in rows], "row_id": [r.row_id for r in rows],
             "model_path": [r.model_path for r in rows], "precision": [r.precision for r in rows],

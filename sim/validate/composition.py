@@ -22,7 +22,8 @@ Fit procedure (`fit`): least squares on log(predicted / measured) of the chosen
 metrics (default TPOT: TTFT's error in closed loops is dominated by how arrivals
 group into prefill steps, which these terms do not change) over the chosen
 parameters, bounded below by 0, starting from the profile's values; the other
-parameters keep their profile values. `leave_one_group_out` fits once per group
+parameters keep their profile values. Asynchronous rows do not depend on the
+terms (zero coefficients); a parameter no training row depends on is 0. `leave_one_group_out` fits once per group
 (model_path) on the other groups' rows and predicts the held-out group, so the
 reported held-out error never saw the rows it scores.
 """
@@ -46,13 +47,26 @@ METRICS = ("ttft", "tpot")
 
 @dataclass(frozen=True)
 class Linearized:
-    """One row's mean TTFT / TPOT (ms) over its measured requests, affine in the host terms."""
+    """One row's mean TTFT / TPOT (ms) over its measured requests, affine in the host terms.
+
+    An asynchronous row (its steps overlap) has zero coefficients: its host work hides behind the
+    GPU, which holds while every step's host time stays below its GPU time (`hidden`)."""
 
     theta0: dict
     ttft0: float
     tpot0: float
     dttft: dict   # ms per microsecond of each term
     dtpot: dict
+    host_features: np.ndarray | None = None  # asynchronous rows: terms x steps (TERMS order), and ...
+    gpu_s: np.ndarray | None = None          # ... each step's GPU seconds
+
+    def hidden(self, theta: dict) -> bool:
+        """Whether the host terms in `theta` stay hidden behind every step's GPU time (True when
+        the row is synchronous: nothing to hide)."""
+        if self.host_features is None:
+            return True
+        coef = np.asarray([theta.get(k, v) for k, v in self.theta0.items()]) * US
+        return bool(np.all(coef @ self.host_features <= self.gpu_s))
 
     def metrics(self, theta: dict) -> tuple[float, float]:
         """(mean TTFT ms, mean TPOT ms) with the host terms in `theta` (others at theta0)."""
@@ -70,6 +84,9 @@ def linearize(log, host, measured: np.ndarray) -> Linearized:
     """Coefficients of one step log (see the module docstring); host: the simulated HostSettings."""
     if not measured.any():
         raise KernelsightError("no measured requests after the warmup rounds")
+    theta0 = {name: float(getattr(host, name)) for name in TERMS}
+    if log.asynchronous:
+        return _as_ran(log, measured, theta0)
     step = log.gpu_s + log.host_s + log.idle_s
 
     def window_means(values: np.ndarray, offset: np.ndarray) -> tuple[float, float]:
@@ -85,9 +102,21 @@ def linearize(log, host, measured: np.ndarray) -> Linearized:
     dttft, dtpot = {}, {}
     for name, feature in TERMS.items():
         dttft[name], dtpot[name] = window_means(feature(log) * US, 0.0)
-    theta0 = {name: float(getattr(host, name)) for name in TERMS}
     return Linearized(theta0, ttft0 * 1e3, tpot0 * 1e3, {k: v * 1e3 for k, v in dttft.items()},
                       {k: v * 1e3 for k, v in dtpot.items()})
+
+
+def _as_ran(log, measured: np.ndarray, theta0: dict) -> Linearized:
+    """An asynchronous row: its means from the step end times, zero coefficients, the hiding check."""
+    send = np.where(log.send >= 0, log.t_end[np.maximum(log.send, 0)], 0.0) + log.send_offset_s
+    first, finish, osl = log.t_end[log.first], log.t_end[log.finish], log.output_len
+    ttft = (first - send)[measured]
+    many = measured & (osl > 1)
+    tpot = (finish - first)[many] / (osl[many] - 1)
+    zero = {name: 0.0 for name in TERMS}
+    features = np.stack([TERMS[name](log) for name in theta0]).astype(np.float64)
+    return Linearized(theta0, float(ttft.mean()) * 1e3, float(tpot.mean()) * 1e3 if many.any() else float("nan"),
+                      zero, dict(zero), features, np.asarray(log.gpu_s, dtype=np.float64))
 
 
 def predict(lins: list[Linearized], theta: dict) -> np.ndarray:
@@ -122,9 +151,22 @@ def fit(lins: list[Linearized], measured: np.ndarray, params, metrics=("tpot",))
         value = a + b @ x
         return (np.log(np.maximum(value, 1e-9)) - target).ravel()
 
-    x0 = np.asarray([base[p] for p in params], dtype=np.float64)
-    sol = least_squares(residual, x0=x0, bounds=(0.0, np.inf), x_scale=np.maximum(x0, 1.0))
-    return {**base, **{p: float(v) for p, v in zip(params, sol.x)}}
+    # A parameter no training row depends on (every one asynchronous: host work hidden) is not identified:
+    # 0, not the profile's value, which may have been fitted on the rows being held out.
+    seen = np.any(b != 0.0, axis=(0, 1))
+    if not seen.any():
+        return {**base, **{p: 0.0 for p in params}}
+    free = [i for i in range(len(params)) if seen[i]]
+
+    def residual_free(x):
+        full = np.zeros(len(params))
+        full[free] = x
+        return residual(full)
+
+    x0 = np.asarray([base[params[i]] for i in free], dtype=np.float64)
+    sol = least_squares(residual_free, x0=x0, bounds=(0.0, np.inf), x_scale=np.maximum(x0, 1.0))
+    fitted = dict.fromkeys(params, 0.0) | {params[i]: float(v) for i, v in zip(free, sol.x)}
+    return {**base, **fitted}
 
 
 def leave_one_group_out(lins: list[Linearized], measured: np.ndarray, groups: list[str], params,

@@ -160,6 +160,10 @@ DEPLOYMENTS = {
     "engine": "the engine profile as it is",
     "aiconfigurator": "aiconfigurator's generated deployment: max_num_batched_tokens = concurrency + isl + 1500, "
                       "max_num_seqs = concurrency, CUDA graphs for batch sizes 1..concurrency",
+    "inferencemax": "SemiAnalysis InferenceMAX's vLLM recipe: max_num_batched_tokens = 8192, max_num_seqs = "
+                    "concurrency, async scheduling, all-reduce fused with the residual add and RMSNorm "
+                    "(enable_fi_allreduce_fusion; messages up to vLLM 0.10's limits: 1 MiB at TP 2 and 4, "
+                    "0.5 MiB at TP 6 and 8)",
 }
 
 

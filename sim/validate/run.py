@@ -28,6 +28,11 @@ scheduled sequences, whether it samples), and per request those three step
 indices. `composition.py` re-prices the whole run for other host parameters
 without simulating again: exactly without a frontend delay (every arrival is a
 completion event), and with the schedule and idle times held fixed otherwise.
+With async scheduling (a row's deployment) steps overlap: the host forms step
+n + 1 while the GPU runs step n, and a step lasts max(host, GPU). While the GPU
+is the longer of the two, the host terms do not move any token: the log keeps
+the step end times, and composition.py scores such a row as it ran, with a
+check that the host terms stay hidden.
 """
 from __future__ import annotations
 
@@ -113,6 +118,8 @@ class StepLog:
     summary: dict
     kv_blocks: int
     wall_s: float
+    t_end: np.ndarray | None = None  # seconds, per step: when its tokens reached the clients
+    asynchronous: bool = False      # steps overlap (async scheduling): not re-priceable by host terms
     warnings: tuple = ()
 
 
@@ -161,12 +168,21 @@ def round_s(pricer, row: ValidationRow) -> float:
 
 # aiconfigurator's vLLM rule: token budget = batch size + isl + this (rows.DEPLOYMENTS).
 AICONFIGURATOR_BUDGET_MARGIN = 1500
+# InferenceMAX's vLLM recipes (benchmarks/70b_fp8_h100_docker.sh): --max-num-batched-tokens 8192.
+INFERENCEMAX_BUDGET = 8192
+# vLLM 0.10's _FI_MAX_SIZES (compilation/collective_fusion.py): largest fused all-reduce + RMSNorm, MiB.
+INFERENCEMAX_FUSED_NORM_MIB = {"tp2": 1.0, "tp4": 1.0, "tp6": 0.5, "tp8": 0.5}
 
 
 def deployment_engine(engine: dict, row: ValidationRow) -> dict:
     """The engine profile (mapping) of a row's deployment (rows.DEPLOYMENTS)."""
     if row.deployment == "engine":
         return engine
+    if row.deployment == "inferencemax":
+        scheduler = {**engine["scheduler"], "max_num_batched_tokens": INFERENCEMAX_BUDGET,
+                     "max_num_seqs": row.concurrency, "enable_prefix_caching": False}
+        return {**engine, "scheduler": scheduler, "host": {**engine["host"], "async_scheduling": True},
+                "allreduce": {**engine["allreduce"], "fuse_rms_norm_max_mib": INFERENCEMAX_FUSED_NORM_MIB}}
     budget = row.concurrency + row.isl + AICONFIGURATOR_BUDGET_MARGIN
     scheduler = {**engine["scheduler"], "max_num_batched_tokens": budget,
                  "max_num_seqs": row.concurrency}
@@ -203,9 +219,6 @@ def simulate_row(row: ValidationRow, model, tier: Tier, settings: RunSettings,
         setup = _SETUPS.get(key)
         if setup is None:
             setup = _SETUPS[key] = build_setup(_config(row, model, tier, engine))
-        if setup.engine.host.async_scheduling:
-            raise KernelsightError("validation needs engine.host.async_scheduling=false: the step log of a "
-                                   "synchronous engine is what the composition fit re-prices")
         n = num_requests or settings.num_requests(row)
         recorder = Recorder()
         ramp = round_s(setup.pricer, row) if settings.start == "staggered" else 0.0
@@ -217,19 +230,21 @@ def simulate_row(row: ValidationRow, model, tier: Tier, settings: RunSettings,
     if summary["failed"]:
         raise KernelsightError(f"row {row.line} ({row.row_id}): {summary['failed']} requests of isl {row.isl} + "
                                f"osl {row.osl} do not fit the simulated KV cache ({setup.num_blocks} blocks)")
-    log = step_log(recorder, summary, setup.num_blocks, wall, f"row {row.line} ({row.row_id})")
+    log = step_log(recorder, summary, setup.num_blocks, wall, f"row {row.line} ({row.row_id})",
+                   asynchronous=setup.engine.host.async_scheduling)
     log.warnings = tuple(dict.fromkeys(str(w.message).splitlines()[0] for w in caught))
     return log
 
 
-def step_log(rec: "Recorder", summary: dict, kv_blocks: int, wall: float, where: str) -> StepLog:
-    """The step log of a finished synchronous run (KernelsightError where steps overlap)."""
+def step_log(rec: "Recorder", summary: dict, kv_blocks: int, wall: float, where: str,
+             asynchronous: bool = False) -> StepLog:
+    """The step log of a finished run (KernelsightError where a synchronous run's steps overlap)."""
     steps = np.asarray(rec.steps, dtype=np.float64).reshape(-1, 6)
     t_schedule, t_end, gpu, host = steps[:, 0], steps[:, 1], steps[:, 2], steps[:, 3]
     idle = t_schedule - np.concatenate([[0.0], t_end[:-1]])
     # Synchronous: each step is formed after the previous one ended and lasts exactly host + gpu.
     serial = (idle >= -1e-12) & np.isclose(t_end - t_schedule, gpu + host, rtol=TIME_IDENTITY_RTOL, atol=1e-12)
-    if not serial.all():
+    if not asynchronous and not serial.all():
         bad = int(np.argmin(serial))
         raise KernelsightError(f"{where}: step {bad} runs from {t_schedule[bad]:.6f} s to {t_end[bad]:.6f} s, "
                                f"not host + GPU time after the previous step's end: steps overlap "
@@ -252,7 +267,7 @@ def step_log(rec: "Recorder", summary: dict, kv_blocks: int, wall: float, where:
     return StepLog(gpu_s=gpu, host_s=host, idle_s=np.maximum(idle, 0.0), seqs=steps[:, 4], samples=steps[:, 5],
                    send=send.astype(np.int64), send_offset_s=np.maximum(offset, 0.0), first=index(reqs[:, 1]),
                    finish=index(reqs[:, 2]), output_len=reqs[:, 3], request_id=reqs[:, 4].astype(np.int64),
-                   summary=summary, kv_blocks=kv_blocks, wall_s=wall)
+                   summary=summary, kv_blocks=kv_blocks, wall_s=wall, t_end=t_end, asynchronous=asynchronous)
 
 
 def simulate_rows(jobs: list[tuple], processes: int) -> list[StepLog]:
