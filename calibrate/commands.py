@@ -37,6 +37,14 @@ def _as_list(value) -> list | None:
     return list(value)
 
 
+def rule_settings(cfg: DictConfig) -> dict:
+    """cfg.rules as rows.select's keyword arguments (absent lists and tables empty)."""
+    rules = OmegaConf.to_container(cfg.rules)
+    return {"prefer_sources": list(rules["prefer_sources"] or ()), "providers": rules["providers"] or {},
+            "exclude_sweeps": list(rules["exclude_sweeps"] or ()), "family_sources": rules["family_sources"] or {},
+            "prefer_providers": rules["prefer_providers"] or {}}
+
+
 def learner_settings(cfg: DictConfig) -> dict:
     """EtaRegressor's parameters from cfg.learner and cfg.seed, checked (one line naming a bad key)."""
     learner = {**OmegaConf.to_container(cfg.learner), "seed": int(cfg.seed)}
@@ -55,7 +63,7 @@ class Calibration:
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
-        learner_settings(cfg)  # a bad setting fails before the data is read
+        self.learner = learner_settings(cfg)  # a bad setting fails before the data is read
         self.timings: dict[str, float] = {}
         t = time.perf_counter()
         self.files = rw.input_files(_as_list(cfg.data.paths))
@@ -71,10 +79,7 @@ class Calibration:
             raise KernelsightError("no rows left after the data.devices / data.families filters")
         self.tick("read", t)
         t = time.perf_counter()
-        rules = OmegaConf.to_container(cfg.rules)
-        kept, self.counts, self.chosen = rw.select(raw, list(rules["prefer_sources"]), rules["providers"] or {},
-                                                   list(rules["exclude_sweeps"] or ()),
-                                                   rules["family_sources"] or {}, rules["prefer_providers"] or {})
+        kept, self.counts, self.chosen = rw.select(raw, **rule_settings(cfg))
         self.rows = rw.with_eta(kept)
         lt1 = self.rows.assign(lt1=self.rows["eta"] < 1.0).groupby(["device", "family"], sort=True)["lt1"]
         self.eta_lt_1 = lt1.agg(rows="size", eta_lt_1="sum").reset_index()
@@ -84,10 +89,6 @@ class Calibration:
 
     def tick(self, step: str, start: float) -> None:
         self.timings[step] = round(time.perf_counter() - start, 1)
-
-    @property
-    def learner(self) -> dict:
-        return learner_settings(self.cfg)
 
     def evaluate(self, targets) -> pd.DataFrame:
         ecfg = self.cfg.evaluation
@@ -163,12 +164,7 @@ def calibrate(cfg: DictConfig) -> None:
 def build_settings(cfg: DictConfig) -> dict:
     """What a bundle was fitted with beyond its data (the manifest's rules and learner): a cached bundle
     whose manifest differs from the current configuration is stale."""
-    return {"rules": {"prefer_sources": list(cfg.rules.prefer_sources),
-                      "family_sources": OmegaConf.to_container(cfg.rules.family_sources),
-                      "providers": OmegaConf.to_container(cfg.rules.providers),
-                      "prefer_providers": OmegaConf.to_container(cfg.rules.prefer_providers),
-                      "exclude_sweeps": list(cfg.rules.exclude_sweeps or ()),
-                      "eta_floor": float(cfg.learner.eta_floor),
+    return {"rules": {**rule_settings(cfg), "eta_floor": float(cfg.learner.eta_floor),
                       "block_rows": int(cfg.evaluation.block_rows),
                       "cross_rows_per_device": int(cfg.evaluation.cross_rows_per_device)},
             "learner": learner_settings(cfg)}

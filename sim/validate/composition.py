@@ -23,8 +23,8 @@ metrics (default TPOT: TTFT's error in closed loops is dominated by how arrivals
 group into prefill steps, which these terms do not change) over the chosen
 parameters, bounded below by 0, starting from the profile's values; the other
 parameters keep their profile values. Asynchronous rows do not depend on the
-terms (zero coefficients); a parameter no training row depends on is 0. `leave_one_group_out` fits once per group
-(model_path) on the other groups' rows and predicts the held-out group, so the
+terms (zero coefficients); a parameter no training row depends on is 0.
+`leave_one_group_out` fits once per group (model_path) on the other groups' rows and predicts the held-out group, so the
 reported held-out error never saw the rows it scores.
 """
 from __future__ import annotations
@@ -85,38 +85,30 @@ def linearize(log, host, measured: np.ndarray) -> Linearized:
     if not measured.any():
         raise KernelsightError("no measured requests after the warmup rounds")
     theta0 = {name: float(getattr(host, name)) for name in TERMS}
-    if log.asynchronous:
-        return _as_ran(log, measured, theta0)
-    step = log.gpu_s + log.host_s + log.idle_s
-
-    def window_means(values: np.ndarray, offset: np.ndarray) -> tuple[float, float]:
-        cum = np.concatenate([[0.0], np.cumsum(values)])
-        send, first, finish = log.send[measured] + 1, log.first[measured] + 1, log.finish[measured] + 1
-        osl = log.output_len[measured]
-        ttft = cum[first] - cum[send] - offset
-        many = osl > 1
-        tpot = (cum[finish[many]] - cum[first[many]]) / (osl[many] - 1)
-        return float(ttft.mean()), float(tpot.mean()) if many.any() else float("nan")
-
-    ttft0, tpot0 = window_means(step, log.send_offset_s[measured])
+    ttft0, tpot0 = _window_means(log, measured, log.t_end, log.send_offset_s[measured])
+    if log.asynchronous:  # scored as it ran: zero coefficients, and the check that the host stays hidden
+        zero = dict.fromkeys(TERMS, 0.0)
+        features = np.stack([TERMS[name](log) for name in theta0]).astype(np.float64)
+        return Linearized(theta0, ttft0 * 1e3, tpot0 * 1e3, zero, dict(zero), features,
+                          np.asarray(log.gpu_s, dtype=np.float64))
     dttft, dtpot = {}, {}
     for name, feature in TERMS.items():
-        dttft[name], dtpot[name] = window_means(feature(log) * US, 0.0)
+        dttft[name], dtpot[name] = _window_means(log, measured, np.cumsum(feature(log) * US), 0.0)
     return Linearized(theta0, ttft0 * 1e3, tpot0 * 1e3, {k: v * 1e3 for k, v in dttft.items()},
                       {k: v * 1e3 for k, v in dtpot.items()})
 
 
-def _as_ran(log, measured: np.ndarray, theta0: dict) -> Linearized:
-    """An asynchronous row: its means from the step end times, zero coefficients, the hiding check."""
-    send = np.where(log.send >= 0, log.t_end[np.maximum(log.send, 0)], 0.0) + log.send_offset_s
-    first, finish, osl = log.t_end[log.first], log.t_end[log.finish], log.output_len
-    ttft = (first - send)[measured]
-    many = measured & (osl > 1)
-    tpot = (finish - first)[many] / (osl[many] - 1)
-    zero = {name: 0.0 for name in TERMS}
-    features = np.stack([TERMS[name](log) for name in theta0]).astype(np.float64)
-    return Linearized(theta0, float(ttft.mean()) * 1e3, float(tpot.mean()) * 1e3 if many.any() else float("nan"),
-                      zero, dict(zero), features, np.asarray(log.gpu_s, dtype=np.float64))
+def _window_means(log, measured: np.ndarray, ends: np.ndarray, offset) -> tuple[float, float]:
+    """Mean TTFT and TPOT (s) of the measured requests over per-step cumulative values `ends` (the step
+    end times, or a host term's running sum): between each request's send and first token, and its
+    first and last token."""
+    cum = np.concatenate([[0.0], ends])
+    send, first, finish = log.send[measured] + 1, log.first[measured] + 1, log.finish[measured] + 1
+    osl = log.output_len[measured]
+    ttft = cum[first] - cum[send] - offset
+    many = osl > 1
+    tpot = (cum[finish[many]] - cum[first[many]]) / (osl[many] - 1)
+    return float(ttft.mean()), float(tpot.mean()) if many.any() else float("nan")
 
 
 def predict(lins: list[Linearized], theta: dict) -> np.ndarray:

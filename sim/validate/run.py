@@ -118,7 +118,7 @@ class StepLog:
     summary: dict
     kv_blocks: int
     wall_s: float
-    t_end: np.ndarray | None = None  # seconds, per step: when its tokens reached the clients
+    t_end: np.ndarray               # seconds, per step: when its tokens reached the clients
     asynchronous: bool = False      # steps overlap (async scheduling): not re-priceable by host terms
     warnings: tuple = ()
 
