@@ -25,13 +25,20 @@ DETERMINISTIC = {"deterministic": True, "force_row_wise": True, "seed": 0, "bagg
 # offsets index (LightGBM parses trees sequentially without it): dropped to keep bundles small.
 TRAINING_ONLY = ("split_gain", "leaf_weight", "leaf_count", "internal_value", "internal_weight",
                  "internal_count", "tree_sizes")
-# Written with 10 significant digits instead of 17: log η to 1e-10 is far below measurement noise.
-ROUNDED = ("threshold", "leaf_value")
+# Significant digits kept per value list, instead of LightGBM's 17: log η to 1e-10 is far below measurement
+# noise, and a leaf's linear coefficients (features are log sizes and ratios, |x| <= about 150) to 6 digits move
+# log η by under 1e-4 over a whole model; coefficients under 1e-9 (the solver's residue, most of them 1e-13) move
+# it by under 2e-7 and are written as 0. A linear leaf's values are grouped by double spaces, kept as they are.
+ROUNDED = {"threshold": 10, "leaf_value": 10, "leaf_const": 10, "leaf_coeff": 6}
+NEGLIGIBLE_COEFF = 1e-9
 
 
 def _round_values(line: str) -> str:
     key, values = line.split("=", 1)
-    return key + "=" + " ".join(f"{float(v):.10g}" for v in values.split(" "))
+    digits = ROUNDED[key]
+    floor = NEGLIGIBLE_COEFF if key == "leaf_coeff" else 0.0
+    return key + "=" + " ".join(v and ("0" if abs(float(v)) < floor else f"{float(v):.{digits}g}")
+                                for v in values.split(" "))
 
 
 def compact_model_text(text: str) -> str:

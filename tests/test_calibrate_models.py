@@ -155,3 +155,21 @@ def test_linear_leaves_price_a_launch_bound_kernel_between_its_grid_sizes():
         errors[tiers] = np.median(np.abs(model.predict(xq) * t_roof / truth - 1))
         assert ("is_linear=1" in model.model_text_) == bool(tiers)
     assert errors[("target",)] < 0.1 < errors[()]
+
+
+def test_compact_model_text_keeps_linear_leaves_and_their_predictions():
+    """Rounded linear-leaf coefficients keep each leaf's double-space grouping and move log η by < 1e-4."""
+    import lightgbm as lgb
+
+    from kernelsight.calibrate.models import DETERMINISTIC, compact_model_text
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 20, (2000, 4))
+    y = np.log(1 + np.exp(3 - x[:, 0])) + 0.05 * x[:, 1] * x[:, 2] + rng.normal(0, 0.01, 2000)
+    booster = lgb.train({**DETERMINISTIC, "objective": "regression", "linear_tree": True, "linear_lambda": 0.1,
+                         "num_leaves": 15}, lgb.Dataset(x, y), num_boost_round=30)
+    text = booster.model_to_string()
+    compact = compact_model_text(text)
+    assert len(compact) < 0.7 * len(text) and "leaf_coeff=" in compact and "  " in compact
+    xq = rng.uniform(0, 20, (5000, 4))
+    assert np.abs(lgb.Booster(model_str=compact).predict(xq) - booster.predict(xq)).max() < 1e-4
