@@ -79,7 +79,9 @@ class Calibration:
             raise KernelsightError("no rows left after the data.devices / data.families filters")
         self.tick("read", t)
         t = time.perf_counter()
-        kept, self.counts, self.chosen = rw.select(raw, **rule_settings(cfg))
+        rules = rule_settings(cfg)
+        kept, self.counts, self.chosen = rw.select(raw, **rules)
+        self.repeats = ev.repeat_measurements(raw, kept, rules["exclude_sweeps"])
         self.rows = rw.with_eta(kept)
         lt1 = self.rows.assign(lt1=self.rows["eta"] < 1.0).groupby(["device", "family"], sort=True)["lt1"]
         self.eta_lt_1 = lt1.agg(rows="size", eta_lt_1="sum").reset_index()
@@ -108,7 +110,7 @@ class Calibration:
                     "rules": OmegaConf.to_container(self.cfg.rules), "seed": int(self.cfg.seed),
                     "inputs": [data_label(f) for f in self.files]}
         summary = write_report(self.cfg.out, scored, self.counts, self.chosen, self.eta_lt_1, settings,
-                               self.timings, bool(self.cfg.evaluation.plots), int(self.cfg.seed))
+                               self.timings, bool(self.cfg.evaluation.plots), int(self.cfg.seed), self.repeats)
         self.tick("report", t)
         return summary
 

@@ -13,6 +13,10 @@
 * baselines beside each: plain roofline (η = 1) and a constant η per (device,
   family) (the training median; for a held-out GPU the median over the
   training GPUs' medians).
+* repeat measurements, where the data has them: the kept sweep's kernels that
+  another sweep of the same GPU timed again (same provider and shape, another
+  campaign), scored against each other. How far two campaigns disagree is a
+  floor no model of one of them can be expected to beat.
 
 Every prediction is scored on latency: APE = |predicted - measured| / measured.
 Subsampling (stated in the report): at most `block_rows` rows per (device,
@@ -240,3 +244,38 @@ def headline(scored: pd.DataFrame) -> pd.DataFrame:
     pooled = scored[(scored["tier"] == "target") | scored["split"].str.startswith("lodo ")]
     m = metrics(pooled.assign(split="all", device="all"))
     return m.pivot_table(index=["tier", "family"], columns="model", values="mape").reset_index()
+
+
+def repeat_measurements(raw: pd.DataFrame, kept: pd.DataFrame, exclude_sweeps=()) -> pd.DataFrame:
+    """Per (device, family, other sweep of the same source): the kept rows whose kernel (provider and every
+    shape field) that sweep timed too, and the APE of its latency against the kept one (a shape timed several times in one
+    sweep counts at its median). Only usable rows of the other sweep count (status ok, not throttled,
+    not an excluded sweep)."""
+    usable = raw[(raw["status"] == "ok") & ~raw["flags"].fillna("").str.contains("throttled", regex=False)]
+    for pattern in exclude_sweeps:
+        usable = usable[~usable["sweep_id"].str.contains(pattern, regex=False)]
+    out = []
+    for (device, family), part in kept.groupby(["device", "family"], sort=True):
+        others = usable[(usable["device"] == device) & (usable["family"] == family)
+                        & usable["source"].isin(part["source"].unique())
+                        & ~usable["sweep_id"].isin(part["sweep_id"].unique())]
+        if others.empty:
+            continue
+        keys = ["provider", *(f.name for f in get_family(family).fields)]
+
+        def timed(df, by=()):  # median latency per kernel; missing fields as a sentinel so they match
+            return df.assign(**{k: df[k].astype(object).where(df[k].notna(), "-") for k in keys}).groupby(
+                [*by, *keys], sort=True, dropna=False)["latency_ms"].median().rename("latency_ms")
+
+        mine = timed(part).reset_index()
+        for sweep_id, theirs in timed(others, ("sweep_id",)).reset_index().groupby("sweep_id", sort=True):
+            both = mine.merge(theirs, on=keys, suffixes=("", "_other"))
+            if both.empty:
+                continue
+            ape = _ape(both["latency_ms_other"], both["latency_ms"])
+            out.append({"device": device, "family": family, "kept sweeps": ", ".join(sorted(part["sweep_id"].unique())),
+                        "other sweep": sweep_id, "rows": len(both), "mape": float(ape.mean()),
+                        "median_ape": float(np.median(ape)), "p90_ape": float(np.percentile(ape, 90))})
+    return pd.DataFrame(out, columns=["device", "family", "kept sweeps", "other sweep", "rows", "mape",
+                                      "median_ape", "p90_ape"])
+

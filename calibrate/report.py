@@ -54,7 +54,8 @@ def _mape_table(per: pd.DataFrame, tier: str) -> pd.DataFrame:
 
 
 def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.DataFrame, eta_lt_1: pd.DataFrame,
-                 settings: dict, timings: dict, plots: bool = True, seed: int = 0) -> dict:
+                 settings: dict, timings: dict, plots: bool = True, seed: int = 0,
+                 repeats: pd.DataFrame | None = None) -> dict:
     """Write evaluation.json, REPORT.md and the PNGs under `out`; return the summary dict."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -62,7 +63,8 @@ def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.Dat
     head = headline(scored)
     result = {"headline_mape": head.to_dict(orient="records"), "per_split": per.to_dict(orient="records"),
               "rows": counts.to_dict(orient="records"), "sweeps": chosen.to_dict(orient="records"),
-              "eta_lt_1_kept": eta_lt_1.to_dict(orient="records"), "settings": settings, "timings_s": timings}
+              "eta_lt_1_kept": eta_lt_1.to_dict(orient="records"), "settings": settings, "timings_s": timings,
+              "repeat_measurements": [] if repeats is None else repeats.to_dict(orient="records")}
     (out / "evaluation.json").write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n",
                                          encoding="utf-8")
     pngs = _plots(out, scored, seed) if plots and not scored.empty else []
@@ -88,6 +90,12 @@ def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.Dat
           "## Target tier per GPU (all K folds pooled; per fold in evaluation.json)", "",
           markdown_table(_mape_table(pooled_folds, "target")), "",
           "## Cross-device tier per held-out GPU", "", markdown_table(_mape_table(per, "cross")), "",
+          "## Repeat measurements", "",
+          "Kernels of the kept sweep that another sweep of the same source and GPU timed again (same harness, "
+          "provider and shape; another campaign): the other campaign's latency scored as a prediction of the "
+          "kept one. Two campaigns disagree this much on identical kernels, so a model of one campaign is not "
+          "expected to beat it; beside it, the target tier's K-fold MAPE on the same (GPU, family).", "",
+          markdown_table(_repeat_table(repeats, pooled_folds)), "",
           "## Data used", "", "Sweeps and providers per (device, family):", "", markdown_table(chosen), "",
           "Rows per rule (rules in calibrate/rows.py):", "", markdown_table(counts), "",
           "Rows measured faster than the roofline (η < 1), kept:", "", markdown_table(eta_lt_1), "",
@@ -99,6 +107,16 @@ def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.Dat
     return {"headline_mape": [{k: (round(v, 3) if isinstance(v, float) and np.isfinite(v) else
                                    (None if isinstance(v, float) else v)) for k, v in r.items()}
                               for r in result["headline_mape"]]}
+
+
+def _repeat_table(repeats: pd.DataFrame | None, pooled_folds: pd.DataFrame) -> pd.DataFrame:
+    if repeats is None or repeats.empty:
+        return pd.DataFrame({"repeat measurements": ["none in the data"]})
+    model = pooled_folds[pooled_folds["model"] == "lightgbm"] if not pooled_folds.empty else pooled_folds
+    target = model.set_index(["device", "family"])["mape"] if not model.empty else pd.Series(dtype=float)
+    keys = list(zip(repeats["device"], repeats["family"]))
+    return repeats.rename(columns={"mape": "MAPE", "median_ape": "median APE", "p90_ape": "p90 APE"}).assign(
+        **{"target tier MAPE": [target.get(k, np.nan) for k in keys]})
 
 
 def _headline_table(head: pd.DataFrame) -> pd.DataFrame:

@@ -173,3 +173,23 @@ def test_compact_model_text_keeps_linear_leaves_and_their_predictions():
     assert len(compact) < 0.7 * len(text) and "leaf_coeff=" in compact and "  " in compact
     xq = rng.uniform(0, 20, (5000, 4))
     assert np.abs(lgb.Booster(model_str=compact).predict(xq) - booster.predict(xq)).max() < 1e-4
+
+
+def test_repeat_measurements_score_another_campaign_of_the_same_source():
+    """The kept sweep's kernels timed again by an older sweep of the same source are scored against each
+    other; another source, a throttled row and an excluded sweep do not count."""
+    from kernelsight.calibrate.evaluate import repeat_measurements
+
+    old = gemm_rows("h100_sxm", seed=1).assign(sweep_id="synthetic/h100_sxm/v-1.0")
+    old.loc[0, "flags"] = "throttled"
+    new = gemm_rows("h100_sxm", seed=2).assign(sweep_id="synthetic/h100_sxm/v-2.0")
+    other = gemm_rows("h100_sxm", seed=3).assign(source="import:other@0", sweep_id="other/h100_sxm/v-1.0")
+    excluded = gemm_rows("h100_sxm", seed=4).assign(sweep_id="synthetic/h100_sxm/pairwise-3.0")
+    raw = pd.concat([old, new, other, excluded], ignore_index=True)
+    kept, _, chosen = select(raw, prefer_sources=["synthetic"], exclude_sweeps=["pairwise"])
+    assert chosen.iloc[0]["sweeps"] == "synthetic/h100_sxm/v-2.0"
+    rep = repeat_measurements(raw, kept, exclude_sweeps=["pairwise"])
+    assert rep[["other sweep", "rows"]].values.tolist() == [["synthetic/h100_sxm/v-1.0", len(new) - 1]]
+    # two independent 1 % noises: |ratio - 1| averages about 1.1 %
+    assert 0.7 < rep.iloc[0]["mape"] < 1.6 and rep.iloc[0]["median_ape"] < rep.iloc[0]["p90_ape"]
+    assert repeat_measurements(new, new).empty
