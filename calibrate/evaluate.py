@@ -14,8 +14,8 @@
   family) (the training median; for a held-out GPU the median over the
   training GPUs' medians).
 * repeat measurements, where the data has them: the kept sweep's kernels that
-  another sweep of the same GPU timed again (same provider and shape, another
-  campaign), scored against each other. How far two campaigns disagree is a
+  another sweep of the same source and GPU timed again (same harness, provider
+  and shape; another campaign), scored against each other. How far two campaigns disagree is a
   floor no model of one of them can be expected to beat.
 
 Every prediction is scored on latency: APE = |predicted - measured| / measured.
@@ -38,6 +38,7 @@ from kernelsight.predictor.roofline import roofline_columns
 from kernelsight.predictor.transfer import cross_eta, die_siblings
 
 from .models import ConstantEtaBaseline, EtaRegressor, RooflineBaseline
+from .rows import throttled
 
 MODELS = ("lightgbm", "constant", "roofline")
 # Diagnostics beside the model: the same model without the η >= floor rule (what the floor costs), and the
@@ -248,10 +249,10 @@ def headline(scored: pd.DataFrame) -> pd.DataFrame:
 
 def repeat_measurements(raw: pd.DataFrame, kept: pd.DataFrame, exclude_sweeps=()) -> pd.DataFrame:
     """Per (device, family, other sweep of the same source): the kept rows whose kernel (provider and every
-    shape field) that sweep timed too, and the APE of its latency against the kept one (a shape timed several times in one
-    sweep counts at its median). Only usable rows of the other sweep count (status ok, not throttled,
-    not an excluded sweep)."""
-    usable = raw[(raw["status"] == "ok") & ~raw["flags"].fillna("").str.contains("throttled", regex=False)]
+    shape field) that sweep timed too, and the APE of its latency against the kept one (a shape timed
+    several times in one sweep counts at its median). Only usable rows of the other sweep count (status
+    ok, not throttled, not an excluded sweep)."""
+    usable = raw[(raw["status"] == "ok") & ~throttled(raw)]
     for pattern in exclude_sweeps:
         usable = usable[~usable["sweep_id"].str.contains(pattern, regex=False)]
     out = []
@@ -273,9 +274,8 @@ def repeat_measurements(raw: pd.DataFrame, kept: pd.DataFrame, exclude_sweeps=()
             if both.empty:
                 continue
             ape = _ape(both["latency_ms_other"], both["latency_ms"])
-            out.append({"device": device, "family": family, "kept sweeps": ", ".join(sorted(part["sweep_id"].unique())),
-                        "other sweep": sweep_id, "rows": len(both), "mape": float(ape.mean()),
+            out.append({"device": device, "family": family,
+                        "kept sweeps": ", ".join(sorted(part["sweep_id"].unique())), "other sweep": sweep_id, "rows": len(both), "mape": float(ape.mean()),
                         "median_ape": float(np.median(ape)), "p90_ape": float(np.percentile(ape, 90))})
     return pd.DataFrame(out, columns=["device", "family", "kept sweeps", "other sweep", "rows", "mape",
                                       "median_ape", "p90_ape"])
-

@@ -96,6 +96,11 @@ def variant_columns(family: str) -> list[str]:
     return [f.name for f in get_family(family).fields if f.kind in ("dtype", "choice", "bool")]
 
 
+def throttled(df: pd.DataFrame) -> pd.Series:
+    """Rows whose flags name 'throttled' (the harness saw the GPU clock down during the timing)."""
+    return df["flags"].fillna("").str.contains(r"(?:^|,)throttled(?:,|$)", regex=True)
+
+
 def select(df: pd.DataFrame, prefer_sources=(), providers=None, exclude_sweeps=(), family_sources=None,
            prefer_providers=None) -> tuple:
     """Apply rules 1-5: (kept rows, counts per device/family/rule, chosen sweeps and providers per block)."""
@@ -103,8 +108,7 @@ def select(df: pd.DataFrame, prefer_sources=(), providers=None, exclude_sweeps=(
     family_sources = dict(family_sources or {})
     reason = pd.Series(None, index=df.index, dtype=object)
     reason[df["status"] != "ok"] = "status not ok"
-    throttled = df["flags"].fillna("").str.contains(r"(?:^|,)throttled(?:,|$)", regex=True)
-    reason[reason.isna() & throttled] = "throttled"
+    reason[reason.isna() & throttled(df)] = "throttled"
     for pattern in exclude_sweeps:
         reason[reason.isna() & df["sweep_id"].str.contains(pattern, regex=False)] = "excluded sweep"
     chosen = []
