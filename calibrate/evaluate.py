@@ -38,7 +38,7 @@ from kernelsight.predictor.roofline import roofline_columns
 from kernelsight.predictor.transfer import cross_eta, die_siblings
 
 from .models import ConstantEtaBaseline, EtaRegressor, RooflineBaseline
-from .rows import throttled
+from .rows import unusable
 
 MODELS = ("lightgbm", "constant", "roofline")
 # Diagnostics beside the model: the same model without the η >= floor rule (what the floor costs), and the
@@ -250,11 +250,9 @@ def headline(scored: pd.DataFrame) -> pd.DataFrame:
 def repeat_measurements(raw: pd.DataFrame, kept: pd.DataFrame, exclude_sweeps=()) -> pd.DataFrame:
     """Per (device, family, other sweep of the same source): the kept rows whose kernel (provider and every
     shape field) that sweep timed too, and the APE of its latency against the kept one (a shape timed
-    several times in one sweep counts at its median). Only usable rows of the other sweep count (status
-    ok, not throttled, not an excluded sweep)."""
-    usable = raw[(raw["status"] == "ok") & ~throttled(raw)]
-    for pattern in exclude_sweeps:
-        usable = usable[~usable["sweep_id"].str.contains(pattern, regex=False)]
+    several times in one sweep counts at its median). Only the other sweep's usable rows count (rows.unusable: status ok, not
+    throttled, not an excluded sweep)."""
+    usable = raw[unusable(raw, exclude_sweeps).isna()]
     out = []
     for (device, family), part in kept.groupby(["device", "family"], sort=True):
         others = usable[(usable["device"] == device) & (usable["family"] == family)

@@ -65,7 +65,8 @@ class EtaRegressor:
     a constant leaf prices every size between two measured ones like one of
     them); not the cross tier, where a leaf would extrapolate linearly in the
     hardware features of an unseen GPU; linear_lambda: its ridge penalty;
-    num_threads is fixed (results depend on it); eta_floor: predictions never go below it (1: never faster than the roofline).
+    num_threads is fixed (results depend on it); eta_floor: predictions never
+    go below it (1: never faster than the roofline).
     """
 
     def __init__(self, family: str, tier: str, device: str | None = None, num_trees: int = 100,

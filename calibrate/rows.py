@@ -96,9 +96,15 @@ def variant_columns(family: str) -> list[str]:
     return [f.name for f in get_family(family).fields if f.kind in ("dtype", "choice", "bool")]
 
 
-def throttled(df: pd.DataFrame) -> pd.Series:
-    """Rows whose flags name 'throttled' (the harness saw the GPU clock down during the timing)."""
-    return df["flags"].fillna("").str.contains(r"(?:^|,)throttled(?:,|$)", regex=True)
+def unusable(df: pd.DataFrame, exclude_sweeps=()) -> pd.Series:
+    """Rules 1-3 per row: why it cannot be used ('status not ok', 'throttled', 'excluded sweep'), None if it can."""
+    reason = pd.Series(None, index=df.index, dtype=object)
+    reason[df["status"] != "ok"] = "status not ok"
+    throttled = df["flags"].fillna("").str.contains(r"(?:^|,)throttled(?:,|$)", regex=True)
+    reason[reason.isna() & throttled] = "throttled"
+    for pattern in exclude_sweeps:
+        reason[reason.isna() & df["sweep_id"].str.contains(pattern, regex=False)] = "excluded sweep"
+    return reason
 
 
 def select(df: pd.DataFrame, prefer_sources=(), providers=None, exclude_sweeps=(), family_sources=None,
@@ -106,11 +112,7 @@ def select(df: pd.DataFrame, prefer_sources=(), providers=None, exclude_sweeps=(
     """Apply rules 1-5: (kept rows, counts per device/family/rule, chosen sweeps and providers per block)."""
     providers, prefer_providers = dict(providers or {}), dict(prefer_providers or {})
     family_sources = dict(family_sources or {})
-    reason = pd.Series(None, index=df.index, dtype=object)
-    reason[df["status"] != "ok"] = "status not ok"
-    reason[reason.isna() & throttled(df)] = "throttled"
-    for pattern in exclude_sweeps:
-        reason[reason.isna() & df["sweep_id"].str.contains(pattern, regex=False)] = "excluded sweep"
+    reason = unusable(df, exclude_sweeps)
     chosen = []
     for (device, family), part in df[reason.isna()].groupby(["device", "family"], sort=True):
         sweeps = choose_sweeps(part, (*family_sources.get(family, ()), *prefer_sources))

@@ -180,8 +180,7 @@ class Engine:
                 self._drain(t)
             elif kind == DELIVER:
                 replica.in_frontend -= 1
-                replica.scheduler.add_request(payload)
-                self._wake(replica, t)
+                self._deliver(replica, payload, t)
             else:
                 replica.wake_pending = False
                 self._try_schedule(replica, t)
@@ -215,7 +214,11 @@ class Engine:
         if delay > 0:
             replica.in_frontend += 1
             self._push(t + delay, DELIVER, req, replica)
-            return
+        else:
+            self._deliver(replica, req, t)
+
+    def _deliver(self, replica: Replica, req: Request, t: float) -> None:
+        """The request reaches the replica's scheduler (after the frontend path, if any)."""
         replica.scheduler.add_request(req)
         self._wake(replica, t)
 

@@ -151,19 +151,28 @@ def _row(path: Path, line: int, rec: dict) -> ValidationRow:
 
 # -- model and layout ----------------------------------------------------------------------
 
+# aiconfigurator's generator rule for an aggregated vLLM benchmark (src/aiconfigurator/generator/rule_plugin/
+# benchmark/vllm.rule): max_num_tokens = max_batch_size + isl + this margin as --max-num-batched-tokens,
+# max_batch_size as --max-num-seqs and as the largest CUDA-graph size; the rows' batch size is their concurrency
+# (the source's batch_size column).
+AICONFIGURATOR_BUDGET_MARGIN = 1500
+# InferenceMAX's vLLM recipes (benchmarks/70b_fp8_h100_docker.sh): --max-num-batched-tokens 8192.
+INFERENCEMAX_BUDGET = 8192
+# vLLM 0.10's _FI_MAX_SIZES (compilation/collective_fusion.py): largest fused all-reduce + RMSNorm, MiB.
+INFERENCEMAX_FUSED_NORM_MIB = {"tp2": 1.0, "tp4": 1.0, "tp6": 0.5, "tp8": 0.5}
+
 # How a row's engine was configured beyond the engine profile (run.deployment_engine applies it; the
-# report prints the description). aiconfigurator: its generator's rule for an aggregated vLLM benchmark
-# (src/aiconfigurator/generator/rule_plugin/benchmark/vllm.rule), max_num_tokens = max_batch_size + isl + 1500
-# as --max-num-batched-tokens, max_batch_size as --max-num-seqs and as the largest CUDA-graph size; the rows'
-# batch size is their concurrency (the source's batch_size column).
+# report prints the description).
 DEPLOYMENTS = {
     "engine": "the engine profile as it is",
-    "aiconfigurator": "aiconfigurator's generated deployment: max_num_batched_tokens = concurrency + isl + 1500, "
-                      "max_num_seqs = concurrency, CUDA graphs for batch sizes 1..concurrency",
-    "inferencemax": "SemiAnalysis InferenceMAX's vLLM recipe: max_num_batched_tokens = 8192, max_num_seqs = "
-                    "concurrency, async scheduling, all-reduce fused with the residual add and RMSNorm "
-                    "(enable_fi_allreduce_fusion; messages up to vLLM 0.10's limits: 1 MiB at TP 2 and 4, "
-                    "0.5 MiB at TP 6 and 8)",
+    "aiconfigurator": f"aiconfigurator's generated deployment: max_num_batched_tokens = concurrency + isl + "
+                      f"{AICONFIGURATOR_BUDGET_MARGIN}, max_num_seqs = concurrency, CUDA graphs for batch sizes "
+                      f"1..concurrency",
+    "inferencemax": f"SemiAnalysis InferenceMAX's vLLM recipe: max_num_batched_tokens = {INFERENCEMAX_BUDGET}, "
+                    f"max_num_seqs = concurrency, async scheduling, all-reduce fused with the residual add and "
+                    f"RMSNorm (enable_fi_allreduce_fusion; messages up to vLLM 0.10's limits: "
+                    + ", ".join(f"{mib:g} MiB at TP {tp[2:]}" for tp, mib in INFERENCEMAX_FUSED_NORM_MIB.items())
+                    + ")",
 }
 
 

@@ -51,7 +51,8 @@ from kernelsight.sim.batch import StepBatch
 from kernelsight.sim.simulate import build_setup
 from kernelsight.sim.workload import Workload, WorkloadConfig
 
-from .rows import ValidationRow
+from .rows import (AICONFIGURATOR_BUDGET_MARGIN, INFERENCEMAX_BUDGET, INFERENCEMAX_FUSED_NORM_MIB,
+                   ValidationRow)
 
 # How the clients' first requests go out (see the module docstring).
 START_MODES = ("staggered", "burst")
@@ -164,14 +165,6 @@ def round_s(pricer, row: ValidationRow) -> float:
                   for done in range(0, row.isl, budget))
     decode = pricer.step_time(StepBatch(decode_ctx=(row.isl + row.osl // 2,) * row.concurrency)).total_s
     return prefill + row.osl * decode
-
-
-# aiconfigurator's vLLM rule: token budget = batch size + isl + this (rows.DEPLOYMENTS).
-AICONFIGURATOR_BUDGET_MARGIN = 1500
-# InferenceMAX's vLLM recipes (benchmarks/70b_fp8_h100_docker.sh): --max-num-batched-tokens 8192.
-INFERENCEMAX_BUDGET = 8192
-# vLLM 0.10's _FI_MAX_SIZES (compilation/collective_fusion.py): largest fused all-reduce + RMSNorm, MiB.
-INFERENCEMAX_FUSED_NORM_MIB = {"tp2": 1.0, "tp4": 1.0, "tp6": 0.5, "tp8": 0.5}
 
 
 def deployment_engine(engine: dict, row: ValidationRow) -> dict:
