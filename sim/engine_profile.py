@@ -95,10 +95,13 @@ class FrontendSettings:
 
 @dataclass(frozen=True)
 class AllReduceSettings:
-    """vLLM's all-reduce flavour by message size: its custom kernel below custom_max_mib[world size]
-    on NVLink, NCCL (the predictor's allreduce model) otherwise; the custom kernel's latency is
-    custom_alpha_us + bus bytes / (custom_bus_efficiency x NVLink bandwidth)."""
+    """vLLM's all-reduce flavour by message size: with `measured`, vLLM's own all-reduce as timed on the
+    GPU or its die sibling (sim/vllm_allreduce.py) where those rows cover the message; otherwise its
+    custom kernel below custom_max_mib[world size] on NVLink, NCCL (the predictor's allreduce model)
+    above; the custom kernel's latency is custom_alpha_us + bus bytes / (custom_bus_efficiency x NVLink
+    bandwidth)."""
 
+    measured: bool
     custom: bool
     custom_max_mib: dict
     custom_alpha_us: float
@@ -199,6 +202,7 @@ _FIELDS = {
         "jitter_ms": Spec("nonneg"),
     }),
     "allreduce": Spec("section", fields={
+        "measured": Spec("bool"),
         "custom": Spec("bool"),
         # vLLM's custom all-reduce supports world sizes 2, 4, 6 and 8 (CustomAllreduce._SUPPORTED_WORLD_SIZES)
         "custom_max_mib": Spec("section", fields={f"tp{n}": Spec("number") for n in (2, 4, 6, 8)}),

@@ -18,8 +18,9 @@ Error of the interpolation: below 0.5% of step time (tests/test_graph.py checks 
 prefill-only and decode-only steps of dense, MoE and sliding-window models against pricing every
 kernel exactly; `step_time(batch, exact=True)` does that).
 
-All-reduces take the engine profile's flavour (vLLM's custom kernel below a size limit per world
-size, NCCL above it; see engine_profile.AllReduceSettings).
+All-reduces take the engine profile's flavour (vLLM's measured all-reduce where rows of the GPU or
+its die sibling cover the message, sim/vllm_allreduce.py; else its custom kernel below a size limit
+per world size and NCCL above it; see engine_profile.AllReduceSettings).
 
 Overheads come from the engine profile: decode-only batches up to the largest capture size
 replay one full CUDA graph and run at the padded size; other batches up to that size replay
@@ -47,6 +48,7 @@ from .graph import (KernelCall, decode_columns, decode_mean_kv, flat_attention_k
                     prefill_columns, sampled_kernels, step_kernels, token_kernels)
 from .model import ModelConfig
 from .parallel import ParallelConfig, shard
+from .vllm_allreduce import MeasuredAllReduce, measured_allreduce
 
 DECODE_POINTS_PER_OCTAVE = 16
 PREFIX_POINTS_PER_OCTAVE = 8
@@ -82,6 +84,7 @@ class StepPricer:
         self.model, self.hw, self.engine, self.parallel, self.predictor = model, hw, engine, parallel, predictor
         self.shard = shard(model, parallel)
         self.kinds = model.layer_kinds()
+        self.measured_allreduce = _measured_allreduce(engine, hw, getattr(predictor, "tier", "auto"))
         graph = engine.cuda_graph
         self.max_tokens = max(engine.scheduler.max_num_batched_tokens, graph.max_size)
         token_calls = token_kernels(model, parallel, engine, np.arange(1, self.max_tokens + 1), self.shard)
@@ -295,21 +298,28 @@ class StepPricer:
         return out
 
     def _allreduce_flavour(self, cols: dict, nccl_s: np.ndarray) -> np.ndarray:
-        """All-reduces vLLM runs with its custom kernel (engine `allreduce` section) priced by its
-        latency-bandwidth model; the rest keep the predictor's (NCCL-fitted) time."""
+        """All-reduces over NVLink as vLLM runs them (engine `allreduce` section): its measured all-reduce
+        where the rows cover the message, else its custom kernel's latency-bandwidth model below the
+        size limit; the rest keep the predictor's (NCCL-fitted) time."""
         settings = self.engine.allreduce
-        if not settings.custom or not self.hw.nvlink_gbs_per_dir:
+        if not self.hw.nvlink_gbs_per_dir:
             return nccl_s
         world = np.asarray(cols["world_size"], dtype=np.int64)
         msg = np.asarray(cols["msg_bytes"], dtype=np.float64)
-        limit = np.asarray([settings.custom_max_bytes(w) for w in world.tolist()])
-        custom = (msg < limit) & (np.asarray(cols["link"]) == "nvlink")
-        if not custom.any():
-            return nccl_s
-        bus = get_family("allreduce").cost(cols).bytes
-        custom_s = (settings.custom_alpha_us * US
-                    + bus / (settings.custom_bus_efficiency * self.hw.link_bw("nvlink")))
-        return np.where(custom, custom_s, nccl_s)
+        nvlink = np.asarray(cols["link"]) == "nvlink"
+        out = nccl_s
+        if settings.custom:
+            limit = np.asarray([settings.custom_max_bytes(w) for w in world.tolist()])
+            custom = (msg < limit) & nvlink
+            if custom.any():
+                bus = get_family("allreduce").cost(cols).bytes
+                custom_s = (settings.custom_alpha_us * US
+                            + bus / (settings.custom_bus_efficiency * self.hw.link_bw("nvlink")))
+                out = np.where(custom, custom_s, out)
+        if self.measured_allreduce is not None:
+            measured_s = self.measured_allreduce.seconds(msg, world)
+            out = np.where(nvlink & np.isfinite(measured_s), measured_s, out)
+        return out
 
     def _exact(self, call: KernelCall) -> float:
         return float(self._price([call])[0].sum())
@@ -320,6 +330,14 @@ class StepPricer:
         for call, seconds in zip(calls, self._price(calls)):
             table[self.families.index(call.family), 1:] += call.count * seconds
         return table
+
+
+def _measured_allreduce(engine: EngineProfile, hw, tier: str) -> MeasuredAllReduce | None:
+    """The measured vLLM all-reduce that prices this GPU in this predictor tier: none for the plain
+    roofline, a die sibling's for tier cross (no data of the GPU itself), the GPU's own otherwise."""
+    if not engine.allreduce.measured or tier == "roofline":
+        return None
+    return measured_allreduce(hw, own_rows=tier != "cross")
 
 
 def _geometric_grid(limit: int, per_octave: int) -> list[int]:

@@ -28,6 +28,7 @@ from kernelsight.sim.validate.allreduce import fit_custom_allreduce
 from kernelsight.sim.validate.rows import (ValidationRow, default_csv, model_for, parse_mappings, read_rows,
                                            throughput, with_protocol)
 from kernelsight.sim.validate.run import RunSettings, Tier, deployment_engine, round_s, simulate_row
+from kernelsight.sim.vllm_allreduce import MeasuredAllReduce, measured_allreduce, vllm_allreduce_rows
 
 HEADER = "id,model_path,precision,system,isl,osl,concurrency,tp_size,ttft_ms,tpot_ms"
 GOOD = "a,Qwen/Qwen3-32B,bf16,h100_sxm,1024,128,8.0,2.0,154.2,18.0"
@@ -317,6 +318,54 @@ def test_custom_allreduce_below_the_size_limit_nccl_above():
     np.testing.assert_allclose(got[2:], nccl[2:])
     off = dataclasses.replace(engine, allreduce=dataclasses.replace(ar, custom=False))
     assert off.allreduce.custom_max_bytes(8) == 0.0
+
+
+def test_measured_allreduce_interpolates_log_log_and_never_extrapolates():
+    rows = pd.DataFrame({"world_size": [8, 8, 8, 8, 4], "msg_bytes": [1024.0, 2**20, 2**20, 2**20, 1024.0],
+                         "seconds": [1e-5, 1e-4, 2e-4, 9e-4, 3e-6]})
+    table = MeasuredAllReduce.from_rows("x", rows)
+    assert sorted(table.curves) == [8]  # one size at TP 4 is no curve
+    got = table.seconds([1024.0, 2**15, 2**20, 512.0, 2**21, 2**15], [8, 8, 8, 8, 8, 4])
+    # repeats at one size count by their median (2e-4); 32 KiB lies halfway in log bytes
+    np.testing.assert_allclose(got[:3], [1e-5, np.sqrt(1e-5 * 2e-4), 2e-4])
+    assert np.isnan(got[3:]).all()
+
+
+def test_measured_allreduce_uses_the_gpu_rows_or_a_die_sibling_on_the_same_nvlink():
+    assert measured_allreduce("h100_sxm").device == "h100_sxm"
+    assert measured_allreduce("h100_sxm", own_rows=False).device == "h200_sxm"  # the cross tier's source
+    assert measured_allreduce("gb200", own_rows=False).device == "b200_sxm"
+    assert measured_allreduce("a100_sxm", own_rows=False) is None  # no sibling with rows
+    assert measured_allreduce("l40s") is None  # no NVLink: NCCL over PCIe stays the predictor's
+    rows = vllm_allreduce_rows()
+    assert set(rows["provider"]) == {"vllm.custom_ar"} and rows["cuda_graph"].all()
+
+
+def test_measured_allreduce_prices_what_its_rows_cover_per_tier():
+    hw, engine = load_hardware("h100_sxm"), load_engine("vllm_v1")
+    assert engine.allreduce.measured
+    model, par = load_model("llama3.1-8b"), ParallelConfig("tp8", tp=8)
+    rows = vllm_allreduce_rows()
+    mib = 2.0**20
+    cols = {"msg_bytes": np.array([mib, 4 * mib, 4096 * mib]), "world_size": np.array([8] * 3),
+            "link": np.array(["nvlink"] * 3, dtype=object), "dtype": np.array(["bf16"] * 3, dtype=object)}
+    nccl = np.full(3, 1.0)
+
+    def measured(device, size):
+        sel = (rows["device"] == device) & (rows["world_size"] == 8) & (rows["msg_bytes"] == size)
+        return rows.loc[sel, "seconds"].median()
+
+    for tier, device in (("auto", "h100_sxm"), ("cross", "h200_sxm")):
+        predictor = Predictor(hw, tier=tier)
+        got = StepPricer(model, hw, engine, par, predictor)._allreduce_flavour(cols, nccl)
+        np.testing.assert_allclose(got[:2], [measured(device, mib), measured(device, 4 * mib)])
+        assert got[2] == 1.0  # 4 GiB: beyond the rows, the NCCL price stays
+    # off, or for the plain roofline: the custom kernel below 0.25 MiB at TP 8 and NCCL above it
+    off = dataclasses.replace(engine, allreduce=dataclasses.replace(engine.allreduce, measured=False))
+    for eng, tier in ((off, "auto"), (engine, "roofline")):
+        pricer = StepPricer(model, hw, eng, par, Predictor(hw, tier=tier))
+        assert pricer.measured_allreduce is None
+        np.testing.assert_array_equal(pricer._allreduce_flavour(cols, nccl), nccl)
 
 
 def test_custom_allreduce_fit_recovers_a_synthetic_kernel_and_reports_held_out_gpus():

@@ -22,12 +22,9 @@ import numpy as np
 import pandas as pd
 
 from kernelsight.predictor.errors import KernelsightError
-from kernelsight.predictor.families import get_family
-from kernelsight.predictor.hardware import load_hardware
-from kernelsight.predictor.paths import data_dir
-from kernelsight.predictor.sweep import read_sweep
 
-PROVIDER = "vllm.custom_ar"
+from ..vllm_allreduce import vllm_allreduce_rows
+
 MAX_MESSAGE = 64 * 2**20
 
 
@@ -43,20 +40,9 @@ class CustomAllReduceFit:
 
 
 def custom_allreduce_rows(path=None) -> pd.DataFrame:
-    """CUDA-graph custom all-reduce rows over NVLink with their bus bytes and link bandwidth."""
-    folder = path or data_dir() / "public" / "aiconfigurator"
-    df = read_sweep(folder)
-    df = df[(df["provider"] == PROVIDER) & (df["status"] == "ok") & df["cuda_graph"].fillna(False).astype(bool)
-            & (df["link"] == "nvlink") & (df["msg_bytes"] <= MAX_MESSAGE)].copy()
-    if df.empty:
-        raise KernelsightError(f"{folder}: no {PROVIDER} rows measured in CUDA graphs")
-    bw = {d: load_hardware(d).nvlink_gbs_per_dir or 0.0 for d in df["device"].unique()}
-    df = df[df["device"].map(bw) > 0]
-    cols = {c: df[c].to_numpy() for c in ("msg_bytes", "world_size", "link", "dtype")}
-    df["bus_bytes"] = get_family("allreduce").cost(cols).bytes
-    df["link_bw"] = df["device"].map(bw) * 1e9
-    df["seconds"] = df["latency_ms"] * 1e-3
-    return df.reset_index(drop=True)
+    """The measured vLLM all-reduce rows (sim/vllm_allreduce.py) up to the custom kernel's largest message."""
+    rows = vllm_allreduce_rows(path)
+    return rows[rows["msg_bytes"] <= MAX_MESSAGE].reset_index(drop=True)
 
 
 def fit_custom_allreduce(rows: pd.DataFrame, exclude=()) -> CustomAllReduceFit:

@@ -29,6 +29,7 @@ from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.paths import conf_dir, data_dir
 from kernelsight.sim.engine_profile import EngineProfile
 from kernelsight.sim.schema import plain
+from kernelsight.sim.vllm_allreduce import measured_allreduce
 
 from . import composition as comp
 from . import report as rep
@@ -254,7 +255,8 @@ def validate(cfg) -> pd.DataFrame:
     context = {
         "csv": portable(csv), "rows": len(rows),
         "protocol": _protocol_lines(settings, engine, tiers, mappings, num_requests, sorted({r.device for r in rows})),
-        "composition": _composition_lines(fits, params, metrics, engine, ar),
+        "composition": _composition_lines(fits, params, metrics, engine, ar)
+        + _measured_allreduce_lines(engine, tiers, sorted({r.device for r in rows})),
         "structure": _structure_lines(df, warned),
         "run": timing + [f"total {time.perf_counter() - start:.0f} s; per-row table: {table}"],
     }
@@ -332,6 +334,21 @@ def _composition_lines(fits: dict, params, metrics, engine: EngineProfile, ar) -
             f"{engine.allreduce.custom_bus_efficiency}. Error per GPU and world size (held_out: not in the fit):", "",
             rep._md(ar.errors)]
     return out
+
+
+def _measured_allreduce_lines(engine: EngineProfile, tiers, devices) -> list[str]:
+    """Whose measured vLLM all-reduce rows price each tier's all-reduces (engine allreduce.measured)."""
+    if not engine.allreduce.measured:
+        return ["", "Measured vLLM all-reduce (engine allreduce.measured): off."]
+    sources = []
+    for tier, _ in tiers:
+        for device in devices:
+            table = measured_allreduce(device, own_rows=tier.predictor_tier != "cross")
+            source = f"rows of {table.device}" if table else "none (custom kernel model and NCCL)"
+            sources.append(f"{tier.name} tier on {device}: {source}")
+    return ["", "Measured vLLM all-reduce (engine allreduce.measured; sim/vllm_allreduce.py): aiconfigurator's "
+            "vllm.custom_ar rows time vLLM's own all-reduce (its dispatch: custom kernel, symmetric memory, "
+            "NCCL) in CUDA graphs and price the message sizes they cover; " + "; ".join(sources) + "."]
 
 
 def _structure_lines(df: pd.DataFrame, warned: dict) -> list[str]:

@@ -1,0 +1,98 @@
+"""vLLM's tensor-parallel all-reduce as measured, for the engine profile's `allreduce.measured`.
+
+aiconfigurator times vLLM's own entry point (`tensor_model_parallel_all_reduce`, captured in
+CUDA graphs: collector/network/collect_all_reduce.py), so its `vllm.custom_ar` rows hold
+whatever vLLM dispatches at each message size: the custom one-/two-shot kernel, torch
+symmetric memory (multimem or two-shot on Hopper and Blackwell), NCCL. On H100 at TP 8 that
+is 0.5-0.8x NCCL's latency between 0.25 and 16 MiB, where a custom-kernel-or-NCCL model
+prices NCCL. The measurement prices an all-reduce by log-log interpolation over message size,
+per world size, within the measured range, from the GPU's own rows or, where the predictor
+has no data of the GPU (tier cross), from a die sibling on the same NVLink bandwidth
+(H200 for H100). Elsewhere the engine profile's custom-kernel model and the predictor's NCCL
+model stay in charge (sim/pricing.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+from kernelsight.predictor.errors import KernelsightError
+from kernelsight.predictor.families import get_family
+from kernelsight.predictor.hardware import Hardware, load_hardware
+from kernelsight.predictor.paths import data_dir
+from kernelsight.predictor.sweep import read_sweep
+from kernelsight.predictor.transfer import die_siblings
+
+PROVIDER = "vllm.custom_ar"
+_COLUMNS = ["provider", "status", "cuda_graph", "link", "msg_bytes", "world_size", "dtype", "device",
+            "latency_ms"]
+
+
+def vllm_allreduce_rows(path=None) -> pd.DataFrame:
+    """CUDA-graph `vllm.custom_ar` rows over NVLink with their bus bytes, link bandwidth and seconds."""
+    folder = path or data_dir() / "public" / "aiconfigurator"
+    df = read_sweep(folder, columns=_COLUMNS)
+    df = df[(df["provider"] == PROVIDER) & (df["status"] == "ok") & df["cuda_graph"].fillna(False).astype(bool)
+            & (df["link"] == "nvlink") & (df["latency_ms"] > 0) & (df["msg_bytes"] > 0)].copy()
+    if df.empty:
+        raise KernelsightError(f"{folder}: no {PROVIDER} rows measured in CUDA graphs")
+    bw = {d: load_hardware(d).nvlink_gbs_per_dir or 0.0 for d in df["device"].unique()}
+    df = df[df["device"].map(bw) > 0]
+    cols = {c: df[c].to_numpy() for c in ("msg_bytes", "world_size", "link", "dtype")}
+    df["bus_bytes"] = get_family("allreduce").cost(cols).bytes
+    df["link_bw"] = df["device"].map(bw) * 1e9
+    df["seconds"] = df["latency_ms"] * 1e-3
+    return df.reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class MeasuredAllReduce:
+    """One GPU's measured vLLM all-reduce: per world size, log message bytes -> log seconds (sorted)."""
+
+    device: str  # the GPU whose rows these are (the priced GPU or its die sibling)
+    curves: dict  # world size -> (log bytes, log seconds), message sizes ascending
+
+    @classmethod
+    def from_rows(cls, device: str, rows: pd.DataFrame) -> "MeasuredAllReduce":
+        curves = {}
+        for world, part in rows.groupby("world_size"):
+            per_size = part.groupby("msg_bytes")["seconds"].median().sort_index()
+            if len(per_size) >= 2:
+                curves[int(world)] = (np.log(per_size.index.to_numpy(dtype=np.float64)),
+                                      np.log(per_size.to_numpy(dtype=np.float64)))
+        return cls(device, curves)
+
+    def seconds(self, msg_bytes, world_size) -> np.ndarray:
+        """Latency per row; NaN where the world size was not measured or the message lies outside
+        the measured sizes (no extrapolation)."""
+        msg = np.asarray(msg_bytes, dtype=np.float64)
+        world = np.asarray(world_size, dtype=np.int64)
+        out = np.full(msg.shape, np.nan)
+        for w, (log_bytes, log_s) in self.curves.items():
+            sel = (world == w) & (msg >= np.exp(log_bytes[0])) & (msg <= np.exp(log_bytes[-1]))
+            if sel.any():
+                out[sel] = np.exp(np.interp(np.log(msg[sel]), log_bytes, log_s))
+        return out
+
+
+@lru_cache(maxsize=None)
+def _rows_by_device() -> dict:
+    return {d: part for d, part in vllm_allreduce_rows().groupby("device")}
+
+
+def measured_allreduce(hw: Hardware | str, own_rows: bool = True) -> MeasuredAllReduce | None:
+    """The measured vLLM all-reduce that prices `hw`: its own rows (when own_rows), else the nearest
+    die sibling's on the same NVLink bandwidth; None when neither exists."""
+    hw = load_hardware(hw) if isinstance(hw, str) else hw
+    if not hw.nvlink_gbs_per_dir:
+        return None
+    rows = _rows_by_device()
+    if own_rows and hw.key in rows:
+        return MeasuredAllReduce.from_rows(hw.key, rows[hw.key])
+    for key in die_siblings(hw, sorted(rows)):
+        if load_hardware(key).nvlink_gbs_per_dir == hw.nvlink_gbs_per_dir:
+            return MeasuredAllReduce.from_rows(key, rows[key])
+    return None
