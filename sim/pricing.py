@@ -334,7 +334,8 @@ class StepPricer:
 
 def _measured_allreduce(engine: EngineProfile, hw, tier: str) -> MeasuredAllReduce | None:
     """The measured vLLM all-reduce that prices this GPU in this predictor tier: none for the plain
-    roofline, a die sibling's for tier cross (no data of the GPU itself), the GPU's own otherwise."""
+    roofline, a die sibling's for tier cross (no data of the GPU itself), otherwise the GPU's own
+    (a sibling's where it has none)."""
     if not engine.allreduce.measured or tier == "roofline":
         return None
     return measured_allreduce(hw, own_rows=tier != "cross")

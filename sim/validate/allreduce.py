@@ -22,8 +22,7 @@ import numpy as np
 import pandas as pd
 
 from kernelsight.predictor.errors import KernelsightError
-
-from ..vllm_allreduce import vllm_allreduce_rows
+from kernelsight.sim.vllm_allreduce import vllm_allreduce_rows
 
 MAX_MESSAGE = 64 * 2**20
 
