@@ -195,10 +195,11 @@ def _read_meta(path: Path) -> dict:
     return meta
 
 
-def read_sweep(path, validate: bool = True, columns=None) -> pd.DataFrame:
+def read_sweep(path, validate: bool = True, columns=None, filters=None) -> pd.DataFrame:
     """Read a sweep file or directory of shards; refuse bad files with one clear line.
 
-    columns: read only these (row validation then covers only what was read).
+    columns: read only these (row validation then covers only what was read); filters: pyarrow
+    row filters ([(column, op, value)]), applied while reading so unwanted rows never load.
     The environment of the first file is in `df.attrs['environment']`.
     """
     wanted = list(COLUMNS) if columns is None else list(columns)
@@ -209,7 +210,7 @@ def read_sweep(path, validate: bool = True, columns=None) -> pd.DataFrame:
     for f in sweep_files(path):
         meta = _read_meta(f)
         try:
-            table = pq.read_table(f, columns=wanted)
+            table = pq.read_table(f, columns=wanted, filters=filters)
         except (pa.ArrowInvalid, OSError) as e:
             raise KernelsightError(f"{f}: not a readable Parquet file (truncated or corrupt?): "
                                    f"{str(e).splitlines()[0]}") from None

@@ -84,7 +84,7 @@ class StepPricer:
         self.model, self.hw, self.engine, self.parallel, self.predictor = model, hw, engine, parallel, predictor
         self.shard = shard(model, parallel)
         self.kinds = model.layer_kinds()
-        self.measured_allreduce = _measured_allreduce(engine, hw, getattr(predictor, "tier", "auto"))
+        self.measured_allreduce = _measured_allreduce(engine, hw, parallel, getattr(predictor, "tier", "auto"))
         graph = engine.cuda_graph
         self.max_tokens = max(engine.scheduler.max_num_batched_tokens, graph.max_size)
         token_calls = token_kernels(model, parallel, engine, np.arange(1, self.max_tokens + 1), self.shard)
@@ -332,12 +332,12 @@ class StepPricer:
         return table
 
 
-def _measured_allreduce(engine: EngineProfile, hw, tier: str) -> MeasuredAllReduce | None:
+def _measured_allreduce(engine: EngineProfile, hw, parallel: ParallelConfig, tier: str) -> MeasuredAllReduce | None:
     """The measured vLLM all-reduce that prices this GPU in this predictor tier: none for the plain
     roofline, a die sibling's for tier cross (no data of the GPU itself), otherwise the GPU's own
     (a sibling's where it has none)."""
-    if not engine.allreduce.measured or tier == "roofline":
-        return None
+    if not engine.allreduce.measured or tier == "roofline" or parallel.tp == 1:
+        return None  # no tensor-parallel all-reduce to price: the rows are not even read
     return measured_allreduce(hw, own_rows=tier != "cross")
 
 
