@@ -250,8 +250,8 @@ def headline(scored: pd.DataFrame) -> pd.DataFrame:
 def repeat_measurements(raw: pd.DataFrame, kept: pd.DataFrame, exclude_sweeps=()) -> pd.DataFrame:
     """Per (device, family, other sweep of the same source): the kept rows whose kernel (provider and every
     shape field) that sweep timed too, and the APE of its latency against the kept one (a shape timed
-    several times in one sweep counts at its median). Only the other sweep's usable rows count (rows.unusable: status ok, not
-    throttled, not an excluded sweep)."""
+    several times in one sweep counts at its median). Only the other sweep's usable rows count
+    (rows.unusable: status ok, not throttled, not an excluded sweep)."""
     usable = raw[unusable(raw, exclude_sweeps).isna()]
     out = []
     for (device, family), part in kept.groupby(["device", "family"], sort=True):
@@ -261,19 +261,21 @@ def repeat_measurements(raw: pd.DataFrame, kept: pd.DataFrame, exclude_sweeps=()
         if others.empty:
             continue
         keys = ["provider", *(f.name for f in get_family(family).fields)]
-
-        def timed(df, by=()):  # median latency per kernel; missing fields as a sentinel so they match
-            return df.assign(**{k: df[k].astype(object).where(df[k].notna(), "-") for k in keys}).groupby(
-                [*by, *keys], sort=True, dropna=False)["latency_ms"].median().rename("latency_ms")
-
-        mine = timed(part).reset_index()
-        for sweep_id, theirs in timed(others, ("sweep_id",)).reset_index().groupby("sweep_id", sort=True):
+        mine = _median_latency(part, keys).reset_index()
+        timed = _median_latency(others, ["sweep_id", *keys]).reset_index()
+        for sweep_id, theirs in timed.groupby("sweep_id", sort=True):
             both = mine.merge(theirs, on=keys, suffixes=("", "_other"))
             if both.empty:
                 continue
             ape = _ape(both["latency_ms_other"], both["latency_ms"])
-            out.append({"device": device, "family": family,
-                        "kept sweeps": ", ".join(sorted(part["sweep_id"].unique())), "other sweep": sweep_id, "rows": len(both), "mape": float(ape.mean()),
+            out.append({"device": device, "family": family, "kept sweeps": ", ".join(sorted(part["sweep_id"].unique())),
+                        "other sweep": sweep_id, "rows": len(both), "mape": float(ape.mean()),
                         "median_ape": float(np.median(ape)), "p90_ape": float(np.percentile(ape, 90))})
     return pd.DataFrame(out, columns=["device", "family", "kept sweeps", "other sweep", "rows", "mape",
                                       "median_ape", "p90_ape"])
+
+
+def _median_latency(df: pd.DataFrame, keys: list) -> pd.Series:
+    """Median latency per kernel (grouped by `keys`); missing shape fields as a sentinel so they match."""
+    return df.assign(**{k: df[k].astype(object).where(df[k].notna(), "-") for k in keys}).groupby(
+        keys, sort=True, dropna=False)["latency_ms"].median().rename("latency_ms")

@@ -35,7 +35,7 @@ def vllm_allreduce_rows(path=None) -> pd.DataFrame:
     """CUDA-graph `vllm.custom_ar` rows over NVLink with their bus bytes, link bandwidth and seconds."""
     folder = path or data_dir() / "public" / "aiconfigurator"
     df = read_sweep(folder, columns=_COLUMNS, filters=[("provider", "=", PROVIDER)])
-    df = df[(df["provider"] == PROVIDER) & (df["status"] == "ok") & df["cuda_graph"].fillna(False).astype(bool)
+    df = df[(df["status"] == "ok") & df["cuda_graph"].fillna(False).astype(bool)
             & (df["link"] == "nvlink") & (df["latency_ms"] > 0) & (df["msg_bytes"] > 0)].copy()
     if df.empty:
         raise KernelsightError(f"{folder}: no {PROVIDER} rows measured in CUDA graphs")

@@ -401,8 +401,8 @@ def test_fp8_weights_and_kv_cache_are_priced_as_fp8():
     # fp8 KV cache: half the decode-attention bytes and twice the KV blocks
     pred = Predictor(hw, tier="roofline")
     batch = StepBatch(decode_ctx=(4096,) * 32)
-    attn = {m.name: [k for k in StepPricer(m, hw, engine, par, pred).kernels(batch) if k.call.family == "attn_decode"][0]
-            for m in (fp8, bf16)}
+    attn = {m.name: [k for k in StepPricer(m, hw, engine, par, pred).kernels(batch)
+                     if k.call.family == "attn_decode"][0] for m in (fp8, bf16)}
     assert attn["bf16"].seconds / attn[fp8.name].seconds == pytest.approx(2.0, rel=0.05)
     fp8_weights_bf16_kv = dataclasses.replace(fp8, kv_dtype="bf16")
     assert kv_cache_blocks(fp8, hw, engine, par) == pytest.approx(2 * kv_cache_blocks(fp8_weights_bf16_kv, hw, engine,
@@ -433,8 +433,9 @@ def test_validate_command_end_to_end_on_two_rows(capsys, tmp_path):
     table, report = tmp_path / "rows.json", tmp_path / "validation.md"
     readme = tmp_path / "README.md"
     readme.write_text(f"x\n{rep.README_START}\n{rep.README_END}\n")
-    cli.main(["validate", str(default_csv()), "rows=[1,116]", "tiers.cross=null", "tiers.target.predictor_tier=roofline",
-              "protocol.num_requests=24", "jobs=1", f"table={table}", f"report={report}", f"readme={readme}"])
+    cli.main(["validate", str(default_csv()), "rows=[1,116]", "tiers.cross=null",
+              "tiers.target.predictor_tier=roofline", "protocol.num_requests=24", "jobs=1", f"table={table}",
+              f"report={report}", f"readme={readme}"])
     out = capsys.readouterr().out
     df = pd.read_json(table)
     assert list(df["line"]) == [1, 116] and set(df["tier"]) == {"target"}

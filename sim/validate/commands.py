@@ -300,7 +300,8 @@ def _protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mapping
         if m.deployment != "engine":
             notes.append(DEPLOYMENTS[m.deployment])
         extra = ", ".join(notes)
-        out.append(f"model {m.model_path} at {m.precision} -> conf/model/{m.model}.yaml" + (f" ({extra})" if extra else ""))
+        out.append(f"model {m.model_path} at {m.precision} -> conf/model/{m.model}.yaml"
+                   + (f" ({extra})" if extra else ""))
     return out
 
 
