@@ -5,12 +5,27 @@ class KernelsightError(ValueError):
     """Bad input (config, catalog entry, shape, file, row): message says what and where."""
 
 
-def did_you_mean(word: str, choices) -> str:
-    """A ' (did you mean X?)' suffix for the closest choice, or '' if none is close."""
+def closest(word: str, choices, most: int = 4, canonical=None) -> list[str]:
+    """The choices a mistyped word most likely meant: those it is the start of ('h100' -> h100_pcie,
+    h100_sxm; none when more than `most` are: too short to guess), else the nearest spelling; [] when
+    nothing is close. Case-insensitive. canonical: choice -> the name to report (aliases count once)."""
     import difflib
 
-    close = difflib.get_close_matches(str(word).lower(), [str(c).lower() for c in choices], n=1, cutoff=0.5)
-    if not close:
-        return ""
-    original = {str(c).lower(): str(c) for c in choices}[close[0]]
-    return f" (did you mean {original!r}?)"
+    name = {str(c).lower(): str(canonical[c] if canonical else c) for c in choices}
+    word = str(word).lower()
+    starts = sorted({name[c] for c in name if c.startswith(word) and c != word}) if word else []
+    if starts:
+        return starts if len(starts) <= most else []
+    return [name[c] for c in difflib.get_close_matches(word, list(name), n=1, cutoff=0.5)]
+
+
+def either(names) -> str:
+    """'a', 'a' or 'b', 'a', 'b' or 'c': quoted names for a message."""
+    quoted = [repr(str(n)) for n in names]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def did_you_mean(word: str, choices) -> str:
+    """A ' (did you mean X?)' suffix naming the closest choices, or '' if none is close."""
+    close = closest(word, choices)
+    return f" (did you mean {either(close)}?)" if close else ""

@@ -13,7 +13,6 @@ Dependency-light on purpose (PyYAML only): the laptop-side simulator imports it.
 """
 from __future__ import annotations
 
-import ast
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from kernelsight.predictor import dtypes as _dtypes
-from kernelsight.predictor.errors import KernelsightError, did_you_mean
+from kernelsight.predictor.errors import KernelsightError, closest, did_you_mean, either
 from kernelsight.predictor.paths import conf_dir, read_yaml
 
 __all__ = [
@@ -373,11 +372,9 @@ class _Catalog:
         key = self.index.get(normalize_name(raw_name))
         if key is not None:
             return key
-        suffix = did_you_mean(normalize_name(raw_name), list(self.index))
-        match = re.search(r"did you mean (.+)\?\)$", suffix)
-        if match:
-            guess = self.index[ast.literal_eval(match.group(1))]
-            raise KernelsightError(f"unknown GPU {raw_name!r}: did you mean {guess!r}?")
+        guesses = closest(normalize_name(raw_name), list(self.index), canonical=self.index)
+        if guesses:
+            raise KernelsightError(f"unknown GPU {raw_name!r}: did you mean {either(guesses)}?")
         raise KernelsightError(f"unknown GPU {raw_name!r}; known: {', '.join(sorted(self.entries))}")
 
 

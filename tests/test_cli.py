@@ -50,6 +50,8 @@ def test_group_override_typo_is_caught_before_hydra():
     with pytest.raises(KernelsightError) as e:
         check_group_overrides(["hardware=h100_smx"])
     assert "did you mean 'h100_sxm'" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(KernelsightError, match=r"did you mean 'h100_pcie' or 'h100_sxm'\?"):
+        check_group_overrides(["hardware=h100"])  # the start of two configs' names: both, not 'mi100'
     check_group_overrides(["hardware=h100_sxm", "hardware=a,b", "seed=3"])  # fine
 
 

@@ -182,6 +182,20 @@ def test_did_you_mean_on_typo():
         load_hardware("not-a-gpu-at-all")
 
 
+@pytest.mark.parametrize("name, message", [
+    # the start of a few entries' names or aliases: all of them, each once (H100 has several aliases)
+    ("NVIDIA H100", "unknown GPU 'NVIDIA H100': did you mean 'h100_pcie' or 'h100_sxm'?"),
+    ("NVIDIA A100", "unknown GPU 'NVIDIA A100': did you mean 'a100_pcie', 'a100_pcie_40g', 'a100_sxm' or "
+                    "'a100_sxm_40g'?"),
+    # the start of too many to guess: the known keys instead of a wrong guess
+    ("nvidia", "unknown GPU 'nvidia'; known: a10, a100_pcie,"),
+])
+def test_did_you_mean_on_a_partial_name(name, message):
+    with pytest.raises(KernelsightError) as info:
+        resolve_device(name)
+    assert str(info.value).startswith(message)
+
+
 def test_vidur_a40_is_not_invented():
     with pytest.raises(KernelsightError):
         resolve_device("a40")
