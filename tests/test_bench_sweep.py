@@ -281,3 +281,17 @@ def test_cuda_only_providers_are_unavailable_on_the_cpu_and_planned_for_a_gpu():
     probe = Provider("vllm.probe", lambda shape, inputs: None, requires="torch", cuda_only=True)
     assert probe.unavailable(cpu) == "vllm runs on CUDA only"
     assert probe.unavailable(PlannedDevice((9, 0))) is None
+
+
+def test_sdpa_backend_probe_uses_equal_heads(monkeypatch):
+    """A backend without GQA must not be dropped whole: the probe asks for MHA, GQA shapes fail per row."""
+    from kernelsight.microbench.providers import attn_prefill
+
+    seen = []
+
+    def fake_call(q4, k4, v4, causal, backend):
+        seen.append((q4.shape[1], k4.shape[1], v4.shape[1]))
+        return lambda: None
+    monkeypatch.setattr(attn_prefill, "_sdpa_call", fake_call)
+    assert attn_prefill._sdpa_available("efficient")(torch.device("cpu")) is None
+    assert seen == [(2, 2, 2)]

@@ -112,10 +112,13 @@ def _sdpa_supports(shape, device):
 
 def _sdpa_available(backend):
     def probe(device):
-        """Run a tiny causal GQA call on the backend: SDPA says itself what it cannot do here."""
+        """Run a tiny causal call on the backend: SDPA says itself what it cannot do here. Equal query and KV
+        heads, so a backend without GQA (torch documents enable_gqa for flash and math) still times the MHA
+        shapes and its GQA shapes fail as rows with the reason. The H100 sweep of 2026-11-22, probed with a
+        GQA call, has no efficient-backend row at all, MHA shapes included."""
         dtype = torch.float16 if device.type == "cuda" else torch.float32
         q = torch.ones((1, 2, 4, 64), dtype=dtype, device=device)
-        kv = torch.ones((1, 1, 8, 64), dtype=dtype, device=device)
+        kv = torch.ones((1, 2, 8, 64), dtype=dtype, device=device)
         try:
             _sdpa_call(q, kv, kv, True, backend)()
         except RuntimeError as e:
