@@ -333,12 +333,11 @@ class StepPricer:
 
 
 def _measured_allreduce(engine: EngineProfile, hw, parallel: ParallelConfig, tier: str) -> MeasuredAllReduce | None:
-    """The measured vLLM all-reduce that prices this GPU in this predictor tier: none for the plain
-    roofline, a die sibling's for tier cross (no data of the GPU itself), otherwise the GPU's own
-    (a sibling's where it has none)."""
-    if not engine.allreduce.measured or tier == "roofline" or parallel.tp == 1:
+    """The measured vLLM all-reduce that prices this GPU in this predictor tier (vllm_allreduce's rule),
+    when the engine profile asks for it and the layout has a tensor-parallel all-reduce."""
+    if not engine.allreduce.measured or parallel.tp == 1:
         return None  # no tensor-parallel all-reduce to price: the rows are not even read
-    return measured_allreduce(hw, own_rows=tier != "cross")
+    return measured_allreduce(hw, tier)
 
 
 def _geometric_grid(limit: int, per_octave: int) -> list[int]:

@@ -83,14 +83,15 @@ def _rows_by_device() -> dict:
     return {d: part for d, part in vllm_allreduce_rows().groupby("device")}
 
 
-def measured_allreduce(hw: Hardware | str, own_rows: bool = True) -> MeasuredAllReduce | None:
-    """The measured vLLM all-reduce that prices `hw`: its own rows (when own_rows), else the nearest
-    die sibling's on the same NVLink bandwidth; None when neither exists."""
+def measured_allreduce(hw: Hardware | str, tier: str = "auto") -> MeasuredAllReduce | None:
+    """The measured vLLM all-reduce that prices `hw` in a predictor tier: none for the plain roofline;
+    in tier cross (no data of the GPU itself) the nearest die sibling's rows on the same NVLink
+    bandwidth; otherwise the GPU's own rows, a sibling's where it has none. None when neither exists."""
     hw = load_hardware(hw) if isinstance(hw, str) else hw
-    if not hw.nvlink_gbs_per_dir:
+    if tier == "roofline" or not hw.nvlink_gbs_per_dir:
         return None
     rows = _rows_by_device()
-    if own_rows and hw.key in rows:
+    if tier != "cross" and hw.key in rows:
         return MeasuredAllReduce.from_rows(hw.key, rows[hw.key])
     for key in die_siblings(hw, sorted(rows)):
         if load_hardware(key).nvlink_gbs_per_dir == hw.nvlink_gbs_per_dir:

@@ -333,10 +333,11 @@ def test_measured_allreduce_interpolates_log_log_and_never_extrapolates():
 
 def test_measured_allreduce_uses_the_gpu_rows_or_a_die_sibling_on_the_same_nvlink():
     assert measured_allreduce("h100_sxm").device == "h100_sxm"
-    assert measured_allreduce("h100_sxm", own_rows=False).device == "h200_sxm"  # the cross tier's source
-    assert measured_allreduce("gb200", own_rows=False).device == "b200_sxm"
-    assert measured_allreduce("a100_sxm", own_rows=False) is None  # no sibling with rows
+    assert measured_allreduce("h100_sxm", "cross").device == "h200_sxm"  # the cross tier's source
+    assert measured_allreduce("gb200", "cross").device == "b200_sxm"
+    assert measured_allreduce("a100_sxm", "cross") is None  # no sibling with rows
     assert measured_allreduce("l40s") is None  # no NVLink: NCCL over PCIe stays the predictor's
+    assert measured_allreduce("h100_sxm", "roofline") is None  # the plain roofline prices no measurement
     rows = vllm_allreduce_rows()
     assert set(rows["provider"]) == {"vllm.custom_ar"} and rows["cuda_graph"].all()
 

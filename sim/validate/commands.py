@@ -344,7 +344,7 @@ def _measured_allreduce_lines(engine: EngineProfile, tiers, devices) -> list[str
     sources = []
     for tier, _ in tiers:
         for device in devices:
-            table = measured_allreduce(device, own_rows=tier.predictor_tier != "cross")
+            table = measured_allreduce(device, tier.predictor_tier)
             source = f"rows of {table.device}" if table else "none (custom kernel model and NCCL)"
             sources.append(f"{tier.name} tier on {device}: {source}")
     return ["", "Measured vLLM all-reduce (engine allreduce.measured; sim/vllm_allreduce.py): aiconfigurator's "
