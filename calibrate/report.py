@@ -81,8 +81,9 @@ def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.Dat
           "η >= floor rule: the difference is what the rule costs. The cross tier is what the predictor does "
           "for a GPU it has no data of (predictor/transfer.py): a die sibling's target model (same "
           "architecture and SM count, e.g. H200 for H100) prices the kernels it covers, the LightGBM "
-          "cross-device model the rest; 'no sibling' is the LightGBM model alone, and 'rows by die sibling' "
-          "the share of the held-out GPU's rows a sibling priced.", "",
+          "cross-device model the rest, and collectives over the scale-out network (link `net`, the "
+          "cluster's, not the GPU's) stay at the roofline; 'no sibling' is the LightGBM model alone on every "
+          "row, and 'rows by die sibling' the share of the held-out GPU's rows a sibling priced.", "",
           "## Headline (pooled over GPUs; cross tier over the leave-one-device-out folds)", "",
           markdown_table(_headline_table(head)), "",
           "## GB200 held out (the seed paper's protocol: trained on the other GPUs, B200 included; "

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
@@ -56,10 +56,11 @@ _DTYPE_ALIASES: dict[str, str] = {
     "fp4": "fp4", "nvfp4": "fp4", "mxfp4": "fp4", "float4": "fp4", "float4_e2m1fn_x2": "fp4",
 }
 
-#: Scale-out bandwidth per GPU, bytes/s per direction = one 400 Gb/s NIC
+#: Default scale-out bandwidth per GPU, GB/s per direction = one 400 Gb/s NIC
 #: (ConnectX-7 NDR) per GPU, the usual rail-optimised DGX/HGX layout and the
 #: value aiconfigurator uses for inter-node traffic. Not a catalog field because
-#: it belongs to the cluster, not the GPU.
+#: it belongs to the cluster, not the GPU: a deployment states its own
+#: (`parallel.net_gbs_per_gpu`, applied with Hardware.on_network).
 NET_GBS_PER_GPU: float = 50.0
 
 LINKS: tuple[str, ...] = ("nvlink", "pcie", "net")
@@ -91,6 +92,11 @@ class Hardware:
     pcie_gbs_per_dir: float | None  # host x16 link per direction; None for Grace-attached GPUs
     aliases: tuple[str, ...] = ()
     sources: str = ""
+    net_gbs_per_gpu: float = NET_GBS_PER_GPU  # the deployment's scale-out bandwidth per GPU per direction
+
+    def on_network(self, net_gbs_per_gpu: float) -> "Hardware":
+        """This GPU in a cluster whose scale-out network gives each GPU `net_gbs_per_gpu` GB/s per direction."""
+        return replace(self, net_gbs_per_gpu=float(net_gbs_per_gpu))
 
     # ----------------------------------------------------------------- units
     def peak_flops(self, dtype: Any) -> float:
@@ -124,11 +130,11 @@ class Hardware:
 
         'nvlink' falls back to PCIe when the GPU has no scale-up link (0) or it
         is unknown, because that is the path NCCL takes then; 'net' is the
-        documented NET_GBS_PER_GPU constant.
+        deployment's net_gbs_per_gpu (NET_GBS_PER_GPU unless stated).
         """
         name = str(link).strip().lower()
         if name == "net":
-            return NET_GBS_PER_GPU * 1e9
+            return self.net_gbs_per_gpu * 1e9
         if name == "nvlink":
             if self.nvlink_gbs_per_dir:
                 return self.nvlink_gbs_per_dir * 1e9
@@ -154,6 +160,8 @@ class Hardware:
         """Plain YAML/JSON-ready mapping in field order (the inverse of from_mapping)."""
         out: dict[str, Any] = {}
         for f in fields(self):
+            if f.name in _DEPLOYMENT:
+                continue
             value = getattr(self, f.name)
             if f.name == "peak_tflops":
                 value = {d: value.get(d) for d in DTYPES}
@@ -197,7 +205,9 @@ _RULES: dict[str, tuple[str, bool, tuple[float, float] | None]] = {
     "sources": ("str", True, None),
 }
 _OPTIONAL = {"aliases", "sources"}
-assert tuple(_RULES) == tuple(f.name for f in fields(Hardware)), "keep _RULES in dataclass order"
+_DEPLOYMENT = ("net_gbs_per_gpu",)  # Hardware fields that no catalog entry holds
+assert tuple(_RULES) == tuple(f.name for f in fields(Hardware) if f.name not in _DEPLOYMENT), \
+    "keep _RULES in dataclass order"
 
 
 def _fail(source: str, name: str, problem: str) -> KernelsightError:

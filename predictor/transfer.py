@@ -113,22 +113,36 @@ def sibling_eta(family: str, cols: Mapping, roof: Mapping, siblings, floor: bool
 
 def cross_eta(family: str, cols: Mapping, hw: Hardware, roof: Mapping, cross, siblings, floor: bool = True) -> dict:
     """The cross-device path for kernels of a GPU without its own data: die siblings where they cover the
-    kernel, the cross-device model (or η = 1 without one) for the rest.
+    kernel, the cross-device model (or η = 1 without one) for the rest; collectives over a cluster link
+    (families.collectives.CLUSTER_LINKS: the scale-out network, which the catalog cannot describe per GPU)
+    at η = 1, since other GPUs' rows over it measured other clusters' networks.
 
     Returns {eta, extrapolated, model, sibling} per row: model is the label of what priced the row, sibling
     whether a die sibling did.
     """
+    from .families import get_family
+    from .families.collectives import cluster_link_rows
+
     n = len(roof["t_roof"])
+    out = {"eta": np.ones(n), "extrapolated": np.zeros(n, dtype=bool), "model": np.full(n, ROOFLINE, dtype=object),
+           "sibling": np.zeros(n, dtype=bool)}
+    rows = np.flatnonzero(~cluster_link_rows(get_family(family), cols, n))
+    if rows.size == 0:
+        return out
+    if rows.size < n:
+        cols, roof = take(cols, rows), take(roof, rows)
     eta, covered, source = sibling_eta(family, cols, roof, siblings, floor)
-    model = np.full(n, ROOFLINE, dtype=object)
+    model = np.full(rows.size, ROOFLINE, dtype=object)
     model[covered] = [f"target/{d}/{family} (die sibling)" for d in source[covered]]
     extrapolated = ~covered
     left = np.flatnonzero(~covered)
     if left.size and cross is not None:
         from .features import feature_matrix
 
-        if left.size < n:
-            cols, roof = take(cols, left), take(roof, left)
-        eta[left], extrapolated[left] = cross.eta(feature_matrix(family, "cross", cols, hw, roof), floor=floor)
+        sub_cols, sub_roof = (take(cols, left), take(roof, left)) if left.size < rows.size else (cols, roof)
+        eta[left], extrapolated[left] = cross.eta(feature_matrix(family, "cross", sub_cols, hw, sub_roof),
+                                                  floor=floor)
         model[left] = cross.label
-    return {"eta": eta, "extrapolated": extrapolated, "model": model, "sibling": covered}
+    for key, value in (("eta", eta), ("extrapolated", extrapolated), ("model", model), ("sibling", covered)):
+        out[key][rows] = value
+    return out

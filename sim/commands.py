@@ -46,7 +46,7 @@ def roofline(cfg) -> None:
         print()
         print(format_table(eta_summary(table)))
     elif kernel:
-        hw = _hardware(cfg)
+        hw = _hardware(cfg, _parallel(cfg))
         table = kernel_table(dict(kernel), hw)
         print(f"roofline of one {kernel.get('family')} kernel on {hw.name} ({hw.key})")
         print(format_table(table))
@@ -259,12 +259,18 @@ def config_source(group: str) -> str:
         return f"{group} config"
 
 
-def _hardware(cfg) -> Hardware:
-    return Hardware.from_mapping(plain(cfg.hardware), config_source("hardware"))
+def _hardware(cfg, parallel: ParallelConfig) -> Hardware:
+    """The configured GPU on the layout's scale-out network."""
+    hw = Hardware.from_mapping(plain(cfg.hardware), config_source("hardware"))
+    return hw.on_network(parallel.net_gbs_per_gpu)
+
+
+def _parallel(cfg) -> ParallelConfig:
+    return ParallelConfig.from_mapping(cfg.parallel, config_source("parallel"))
 
 
 def typed_configs(cfg):
     """(model, hardware, engine, parallel) of a composed config, each validated with its file named."""
-    return (ModelConfig.from_mapping(cfg.model, config_source("model")), _hardware(cfg),
-            EngineProfile.from_mapping(cfg.engine, config_source("engine")),
-            ParallelConfig.from_mapping(cfg.parallel, config_source("parallel")))
+    parallel = _parallel(cfg)
+    return (ModelConfig.from_mapping(cfg.model, config_source("model")), _hardware(cfg, parallel),
+            EngineProfile.from_mapping(cfg.engine, config_source("engine")), parallel)

@@ -21,6 +21,7 @@ from typing import Any, Mapping
 from kernelsight.predictor.dtypes import dtype_bytes
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.families.collectives import LINKS
+from kernelsight.predictor.hardware import NET_GBS_PER_GPU
 
 from .model import ModelConfig
 from .schema import Spec, check, load_config
@@ -31,7 +32,8 @@ VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE for VocabParallelEmbeddi
 @dataclass(frozen=True)
 class ParallelConfig:
     """tp * pp GPUs per replica, dp replicas; link: the fabric of TP/EP collectives, pp_link: of the
-    hop between pipeline stages (net when the stages sit on different nodes)."""
+    hop between pipeline stages (net when the stages sit on different nodes); net_gbs_per_gpu: the
+    cluster's scale-out bandwidth per GPU and direction in GB/s, which prices every `net` hop."""
 
     name: str
     tp: int = 1
@@ -40,6 +42,7 @@ class ParallelConfig:
     dp: int = 1
     link: str = "nvlink"
     pp_link: str = "nvlink"
+    net_gbs_per_gpu: float = NET_GBS_PER_GPU
     source: str = ""
 
     @property
@@ -54,6 +57,10 @@ class ParallelConfig:
     @classmethod
     def from_mapping(cls, data: Any, source: str = "<mapping>") -> "ParallelConfig":
         values = check(data, _FIELDS, source)
+        if values["net_gbs_per_gpu"] <= 0:
+            raise KernelsightError(f"{source}: field 'net_gbs_per_gpu' = {values['net_gbs_per_gpu']} must be > 0 "
+                                   f"(GB/s per GPU and direction of the scale-out network, e.g. 50 for one "
+                                   f"400 Gb/s NIC per GPU)")
         if values["tp"] % values["ep"]:
             raise KernelsightError(f"{source}: field 'ep' = {values['ep']} must divide tp = {values['tp']} "
                                    f"(experts are split over the GPUs of one tensor-parallel group)")
@@ -68,6 +75,7 @@ _FIELDS = {
     "dp": Spec("pos", default=1),
     "link": Spec("choice", default="nvlink", choices=LINKS),
     "pp_link": Spec("choice", default="nvlink", choices=LINKS),
+    "net_gbs_per_gpu": Spec("number", default=NET_GBS_PER_GPU),
 }
 
 

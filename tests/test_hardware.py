@@ -139,6 +139,9 @@ def test_link_bandwidth():
     assert h100.link_bw("nvlink") == 450e9
     assert h100.link_bw("pcie") == 64e9
     assert h100.link_bw("net") == NET_GBS_PER_GPU * 1e9 == 50e9
+    on_hdr = h100.on_network(25)  # a deployment's own scale-out network; the catalog entry is untouched
+    assert on_hdr.link_bw("net") == 25e9 and on_hdr.link_bw("nvlink") == 450e9 and on_hdr.key == "h100_sxm"
+    assert "net_gbs_per_gpu" not in on_hdr.as_dict() and Hardware.from_mapping(on_hdr.as_dict()) == h100
     l4 = load_hardware("l4")
     assert l4.nvlink_gbs_per_dir == 0
     assert l4.link_bw("nvlink") == l4.link_bw("pcie") == 32e9

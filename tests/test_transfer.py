@@ -86,3 +86,22 @@ def test_leave_one_device_out_scores_what_the_predictors_cross_path_prices():
     # the LightGBM cross model alone is scored beside it (synthetic η here is device-independent by
     # construction, so this data cannot say which is better: the calibration report does, on real data)
     assert not np.allclose(h100["pred_lightgbm"], h100[f"pred_{NO_SIBLING}"])
+
+
+def test_scale_out_network_rows_stay_at_the_roofline_on_the_cross_path():
+    """The `net` link is the cluster's, not the GPU's: a cross model trained on another cluster's η 6 over
+    it must not price this GPU's network rows, while its NVLink rows still go to the model."""
+    rng = np.random.default_rng(0)
+    msg = 2.0 ** rng.integers(12, 28, 400)
+    link = np.where(np.arange(400) % 2 == 0, "nvlink", "net").astype(object)
+    train = {"msg_bytes": msg, "world_size": np.full(400, 2), "link": link, "dtype": np.full(400, "fp16", dtype=object)}
+    a100 = load_hardware("a100_sxm")
+    eta = np.where(link == "net", 6.0, 1.4)
+    x = feature_matrix("sendrecv", "cross", train, a100, roofline_columns("sendrecv", train, a100))
+    cross = EtaRegressor("sendrecv", "cross", None, **FAST_LEARNER).fit(x, eta).model_
+    cols = {"msg_bytes": np.array([2.0**20, 2.0**20]), "world_size": np.array([2, 2]),
+            "link": np.array(["nvlink", "net"], dtype=object), "dtype": np.array(["fp16", "fp16"], dtype=object)}
+    res = cross_eta("sendrecv", cols, H100, roofline_columns("sendrecv", cols, H100), cross, [])
+    assert list(res["model"]) == ["cross/sendrecv", "roofline"]
+    assert res["eta"][0] == pytest.approx(1.4, rel=0.05) and res["eta"][1] == 1.0
+    assert not res["extrapolated"][1] and not res["sibling"].any()  # a rule, not an extrapolation

@@ -18,6 +18,16 @@ from .base import Cost, Family, Field, Shape, elem_bytes
 
 LINKS = ("nvlink", "pcie", "net")
 ALPHA_S = {"nvlink": 2e-6, "pcie": 5e-6, "net": 10e-6}
+# Links that belong to the cluster, not the GPU: the hardware catalog cannot describe them, so another GPU's
+# rows over them say nothing about this one (cross tier: predictor/transfer.py prices them at the roofline).
+CLUSTER_LINKS = ("net",)
+
+
+def cluster_link_rows(family: Family, cols, n: int) -> np.ndarray:
+    """Mask of the rows of `cols` that cross a CLUSTER_LINKS link (none for a kernel family)."""
+    if family.unit != "link":
+        return np.zeros(n, dtype=bool)
+    return np.isin(np.asarray(cols["link"]).reshape(-1), CLUSTER_LINKS)
 
 
 def busbw_factor(op: str, world_size):
