@@ -79,7 +79,6 @@ def test_kernel_mode_matches_the_cost_model(capsys, tmp_path):
     assert "b=64 kv=4096 h=32/8 d=128 fp8" in out and "memory" in out and "A100" in out
 
 
-
 def test_network_hops_follow_the_layouts_stated_scale_out_bandwidth(capsys, tmp_path):
     """The network is the cluster's: parallel.net_gbs_per_gpu prices `net` hops, NVLink stays the GPU's."""
     def us(*args):
@@ -94,6 +93,7 @@ def test_network_hops_follow_the_layouts_stated_scale_out_bandwidth(capsys, tmp_
     hop = table_rows(out, "kernel ")["pp_sendrecv"]  # decode step: 64 tokens x (hidden + residual) of 8192 bf16
     assert float(hop[hop.index("link") + 1]) == pytest.approx(10 + 64 * 2 * 8192 * 2 / 12.5e3, abs=0.5)  # printed 178
     assert "'net_gbs_per_gpu' = 0.0 must be > 0" in fails(capsys, "parallel.net_gbs_per_gpu=0")
+
 
 def test_sweep_mode_prints_eta_per_row_and_writes_every_row(capsys, tmp_path):
     rows = [dict(family="gemm", provider="torch.F.linear", m=m, n=4096, k=4096, dtype="bf16", latency_ms=lat,
