@@ -120,29 +120,24 @@ def cross_eta(family: str, cols: Mapping, hw: Hardware, roof: Mapping, cross, si
     Returns {eta, extrapolated, model, sibling} per row: model is the label of what priced the row, sibling
     whether a die sibling did.
     """
-    from .families import get_family
     from .families.collectives import cluster_link_rows
 
     n = len(roof["t_roof"])
-    out = {"eta": np.ones(n), "extrapolated": np.zeros(n, dtype=bool), "model": np.full(n, ROOFLINE, dtype=object),
-           "sibling": np.zeros(n, dtype=bool)}
-    rows = np.flatnonzero(~cluster_link_rows(get_family(family), cols, n))
-    if rows.size == 0:
-        return out
-    if rows.size < n:
-        cols, roof = take(cols, rows), take(roof, rows)
     eta, covered, source = sibling_eta(family, cols, roof, siblings, floor)
-    model = np.full(rows.size, ROOFLINE, dtype=object)
+    model = np.full(n, ROOFLINE, dtype=object)
     model[covered] = [f"target/{d}/{family} (die sibling)" for d in source[covered]]
     extrapolated = ~covered
     left = np.flatnonzero(~covered)
     if left.size and cross is not None:
         from .features import feature_matrix
 
-        sub_cols, sub_roof = (take(cols, left), take(roof, left)) if left.size < rows.size else (cols, roof)
-        eta[left], extrapolated[left] = cross.eta(feature_matrix(family, "cross", sub_cols, hw, sub_roof),
+        if left.size < n:
+            cols_left, roof_left = take(cols, left), take(roof, left)
+        else:
+            cols_left, roof_left = cols, roof
+        eta[left], extrapolated[left] = cross.eta(feature_matrix(family, "cross", cols_left, hw, roof_left),
                                                   floor=floor)
         model[left] = cross.label
-    for key, value in (("eta", eta), ("extrapolated", extrapolated), ("model", model), ("sibling", covered)):
-        out[key][rows] = value
-    return out
+    net = cluster_link_rows(cols, n)
+    eta[net], extrapolated[net], covered[net], model[net] = 1.0, False, False, ROOFLINE
+    return {"eta": eta, "extrapolated": extrapolated, "model": model, "sibling": covered}

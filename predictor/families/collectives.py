@@ -23,9 +23,9 @@ ALPHA_S = {"nvlink": 2e-6, "pcie": 5e-6, "net": 10e-6}
 CLUSTER_LINKS = ("net",)
 
 
-def cluster_link_rows(family: Family, cols, n: int) -> np.ndarray:
-    """Mask of the rows of `cols` that cross a CLUSTER_LINKS link (none for a kernel family)."""
-    if family.unit != "link":
+def cluster_link_rows(cols, n: int) -> np.ndarray:
+    """Mask of the n rows of shape columns `cols` that cross a CLUSTER_LINKS link (none without a link column)."""
+    if "link" not in cols:
         return np.zeros(n, dtype=bool)
     return np.isin(np.asarray(cols["link"]).reshape(-1), CLUSTER_LINKS)
 
