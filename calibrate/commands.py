@@ -11,6 +11,7 @@ from __future__ import annotations
 import inspect
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import pandas as pd
@@ -25,7 +26,7 @@ from kernelsight.predictor.hardware import resolve_device
 from . import evaluate as ev
 from . import rows as rw
 from .bundle import data_label, publish
-from .models import ConstantEtaBaseline, EtaRegressor
+from .models import ConstantEtaBaseline, EtaRegressor, run_fits
 from .report import write_report
 
 
@@ -58,12 +59,21 @@ def learner_settings(cfg: DictConfig) -> dict:
     return learner
 
 
+def jobs_setting(cfg: DictConfig) -> int:
+    """cfg.jobs: how many models are fitted at once (threads), a whole number >= 1."""
+    jobs = cfg.jobs
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise KernelsightError(f"jobs: {jobs!r} is not a whole number >= 1 (models fitted at once)")
+    return jobs
+
+
 class Calibration:
     """The selected data of one run: rows, blocks, counts and timings."""
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
         self.learner = learner_settings(cfg)  # a bad setting fails before the data is read
+        self.jobs = jobs_setting(cfg)
         self.timings: dict[str, float] = {}
         t = time.perf_counter()
         self.files = rw.input_files(_as_list(cfg.data.paths))
@@ -96,11 +106,12 @@ class Calibration:
         ecfg = self.cfg.evaluation
         holdouts = OmegaConf.to_container(ecfg.holdouts) or {}
         t = time.perf_counter()
-        target = ev.evaluate_target(self.blocks, self.learner, int(ecfg.folds), int(self.cfg.seed), targets)
+        target = ev.evaluate_target(self.blocks, self.learner, int(ecfg.folds), int(self.cfg.seed), targets,
+                                    self.jobs)
         self.tick("evaluate target tier", t)
         t = time.perf_counter()
         cross = ev.evaluate_cross(self.blocks, self.learner, int(ecfg.cross_rows_per_device), int(self.cfg.seed),
-                                  holdouts, targets)
+                                  holdouts, targets, self.jobs)
         self.tick("evaluate cross tier", t)
         return pd.concat([target, cross], ignore_index=True)
 
@@ -116,20 +127,18 @@ class Calibration:
 
     def final_models(self) -> list[EtaRegressor]:
         """Target models per (device, family) and cross models per family on all selected rows."""
-        models = []
         cap, seed = int(self.cfg.evaluation.cross_rows_per_device), int(self.cfg.seed)
         sweeps = {(r.device, r.family): r.sweeps for r in self.chosen.itertuples()}
-        for (device, family), block in sorted(self.blocks.items()):
-            models.append(EtaRegressor(family, "target", device, **self.learner).fit(
-                block.x["target"], block.eta,
-                provenance={"devices": {device: len(block.rows)}, "sweeps": sweeps[(device, family)]}))
+        tasks = [partial(ev.fit_block, block, "target", self.learner,
+                         {"devices": {device: len(block.rows)}, "sweeps": sweeps[(device, family)]})
+                 for (device, family), block in sorted(self.blocks.items())]
         for family in sorted({f for _, f in self.blocks}):
             x, eta, devices = ev.cross_training_set(self.blocks, family, (), cap, seed)
             rows = pd.Series(devices).value_counts().sort_index()
-            models.append(EtaRegressor(family, "cross", None, **self.learner).fit(
-                x, eta, provenance={"devices": {d: int(n) for d, n in rows.items()},
-                                    "sweeps": sorted({sweeps[(d, family)] for d in rows.index})}))
-        return models
+            tasks.append(partial(EtaRegressor(family, "cross", None, **self.learner).fit, x, eta,
+                                 {"devices": {d: int(n) for d, n in rows.items()},
+                                  "sweeps": sorted({sweeps[(d, family)] for d in rows.index})}))
+        return run_fits(tasks, self.jobs)
 
     def constant_eta(self) -> dict:
         """The constant-η baseline per family and GPU (the median of its rows), for `predict` error tables."""

@@ -27,6 +27,7 @@ held-out block.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -37,7 +38,7 @@ from kernelsight.predictor.hardware import load_hardware
 from kernelsight.predictor.roofline import roofline_columns
 from kernelsight.predictor.transfer import cross_eta, die_siblings
 
-from .models import ConstantEtaBaseline, EtaRegressor, RooflineBaseline
+from .models import ConstantEtaBaseline, EtaRegressor, RooflineBaseline, run_fits
 from .rows import unusable
 
 MODELS = ("lightgbm", "constant", "roofline")
@@ -137,9 +138,18 @@ def _predict_target(model: EtaRegressor, const: ConstantEtaBaseline, block: Bloc
     return {"lightgbm": eta, DIAGNOSTIC: raw, **_baselines(const, block, len(idx))}
 
 
-def evaluate_target(blocks: dict, learner: dict, folds: int, seed: int, devices=None) -> pd.DataFrame:
-    """Grouped K-fold within each (device, family) block; one scored row per test row."""
-    out = []
+def _target_fold(block: Block, fold: np.ndarray, f: int, learner: dict) -> pd.DataFrame:
+    train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
+    model = EtaRegressor(block.family, "target", block.device, **learner).fit(block.x["target"][train],
+                                                                              block.eta[train])
+    const = ConstantEtaBaseline().fit([block.device] * len(train), [block.family] * len(train), block.eta[train])
+    preds = _predict_target(model, const, block, test)
+    return _scored(block, test, "target", f"fold {f}", preds).assign(fold=f)
+
+
+def evaluate_target(blocks: dict, learner: dict, folds: int, seed: int, devices=None, jobs: int = 1) -> pd.DataFrame:
+    """Grouped K-fold within each (device, family) block; one scored row per test row. jobs: fits at once."""
+    tasks = []
     for (device, family), block in sorted(blocks.items()):
         if devices is not None and device not in devices:
             continue
@@ -147,13 +157,8 @@ def evaluate_target(blocks: dict, learner: dict, folds: int, seed: int, devices=
         if k < 2:
             continue
         fold = group_folds(block.groups, k, seed)
-        for f in range(k):
-            train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
-            model = EtaRegressor(family, "target", device, **learner).fit(block.x["target"][train],
-                                                                          block.eta[train])
-            const = ConstantEtaBaseline().fit([device] * len(train), [family] * len(train), block.eta[train])
-            preds = _predict_target(model, const, block, test)
-            out.append(_scored(block, test, "target", f"fold {f}", preds).assign(fold=f))
+        tasks += [partial(_target_fold, block, fold, f, learner) for f in range(k)]
+    out = run_fits(tasks, jobs)
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
@@ -182,37 +187,49 @@ def holdout_protocols(blocks: dict, family: str, extra: dict) -> list[tuple[str,
     return out
 
 
-def evaluate_cross(blocks: dict, learner: dict, cap: int, seed: int, extra: dict, devices=None) -> pd.DataFrame:
+def fit_block(block: Block, tier: str, learner: dict, provenance: dict | None = None) -> EtaRegressor:
+    """One (device, family) model on the whole block: what a bundle holds."""
+    return EtaRegressor(block.family, tier, block.device, **learner).fit(block.x[tier], block.eta, provenance)
+
+
+def _cross_split(blocks: dict, family: str, split: str, test_device: str, exclude: tuple, learner: dict,
+                 cap: int, seed: int, sibling_models: dict) -> pd.DataFrame | None:
+    x, eta, train_devices = cross_training_set(blocks, family, exclude, cap, seed)
+    if x is None:
+        return None
+    model = EtaRegressor(family, "cross", None, **learner).fit(x, eta)
+    const = ConstantEtaBaseline().fit(train_devices, [family] * len(eta), eta)
+    block = blocks[(test_device, family)]
+    hw = load_hardware(test_device)
+    siblings = [(load_hardware(d), sibling_models[(d, family)])
+                for d in die_siblings(hw, sorted(set(train_devices)))]
+    path = {floor: cross_eta(family, block.cols, hw, block.roof, model.model_, siblings, floor=floor)
+            for floor in (True, False)}
+    idx = np.arange(len(block.rows))
+    preds = {"lightgbm": path[True]["eta"], DIAGNOSTIC: path[False]["eta"],
+             NO_SIBLING: model.predict(block.x["cross"]), **_baselines(const, block, len(idx))}
+    return _scored(block, idx, "cross", split, preds, path[True]["sibling"]).assign(fold=-1)
+
+
+def evaluate_cross(blocks: dict, learner: dict, cap: int, seed: int, extra: dict, devices=None,
+                   jobs: int = 1) -> pd.DataFrame:
     """Leave-one-device-out (and the extra hold-out protocols) per family on the cross tier: what the
     predictor's cross path does for a GPU it has no data of (predictor/transfer.py: die siblings among
-    the training GPUs where their target models cover the kernel, the LightGBM cross model for the rest)."""
-    out = []
-    sibling_models: dict = {}  # (device, family) -> target model on the whole block, as a bundle holds it
-    families = sorted({f for _, f in blocks})
-    for family in families:
+    the training GPUs where their target models cover the kernel, the LightGBM cross model for the rest).
+    jobs: fits at once."""
+    splits, needed = [], set()
+    for family in sorted({f for _, f in blocks}):
         for split, test_device, exclude in holdout_protocols(blocks, family, extra):
             if devices is not None and test_device not in devices:
                 continue
-            x, eta, train_devices = cross_training_set(blocks, family, exclude, cap, seed)
-            if x is None:
-                continue
-            model = EtaRegressor(family, "cross", None, **learner).fit(x, eta)
-            const = ConstantEtaBaseline().fit(train_devices, [family] * len(eta), eta)
-            block = blocks[(test_device, family)]
-            hw = load_hardware(test_device)
-            siblings = []
-            for d in die_siblings(hw, sorted(set(train_devices))):
-                if (d, family) not in sibling_models:
-                    sib = blocks[(d, family)]
-                    sibling_models[(d, family)] = EtaRegressor(family, "target", d, **learner).fit(sib.x["target"],
-                                                                                                  sib.eta).model_
-                siblings.append((load_hardware(d), sibling_models[(d, family)]))
-            path = {floor: cross_eta(family, block.cols, hw, block.roof, model.model_, siblings, floor=floor)
-                    for floor in (True, False)}
-            idx = np.arange(len(block.rows))
-            preds = {"lightgbm": path[True]["eta"], DIAGNOSTIC: path[False]["eta"],
-                     NO_SIBLING: model.predict(block.x["cross"]), **_baselines(const, block, len(idx))}
-            out.append(_scored(block, idx, "cross", split, preds, path[True]["sibling"]).assign(fold=-1))
+            splits.append((family, split, test_device, exclude))
+            train = sorted(d for d, f in blocks if f == family and d not in exclude)
+            needed |= {(d, family) for d in die_siblings(load_hardware(test_device), train)}
+    needed = sorted(needed)  # siblings' target models on their whole block, as a bundle holds them
+    fitted = run_fits([partial(fit_block, blocks[key], "target", learner) for key in needed], jobs)
+    sibling_models = {key: m.model_ for key, m in zip(needed, fitted)}
+    out = run_fits([partial(_cross_split, blocks, *s, learner, cap, seed, sibling_models) for s in splits], jobs)
+    out = [o for o in out if o is not None]
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 

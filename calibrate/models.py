@@ -8,7 +8,9 @@ what every model is reported beside: plain roofline (η = 1) and one constant
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -31,6 +33,7 @@ TRAINING_ONLY = ("split_gain", "leaf_weight", "leaf_count", "internal_value", "i
 # it by under 2e-7 and are written as 0. A linear leaf's values are grouped by double spaces, kept as they are.
 ROUNDED = {"threshold": 10, "leaf_value": 10, "leaf_const": 10, "leaf_coeff": 6}
 NEGLIGIBLE_COEFF = 1e-9
+T = TypeVar("T")
 
 
 def _round_values(line: str) -> str:
@@ -126,6 +129,20 @@ class EtaRegressor:
         """η per row (inputs clamped to the training range); floor=False shows what the floor costs."""
         eta, _ = self.model_.eta(np.ascontiguousarray(x, dtype=np.float64), floor=floor)
         return eta
+
+
+def run_fits(tasks: Sequence[Callable[[], T]], jobs: int) -> list[T]:
+    """Independent fits on up to `jobs` threads, results in task order. LightGBM releases the GIL while
+    it trains and predicts, and each model trains on its own single thread (learner.num_threads), so the
+    results, bundles included, do not depend on `jobs`."""
+    jobs = min(jobs, len(tasks))
+    if jobs <= 1:
+        return [task() for task in tasks]
+    pool = ThreadPoolExecutor(jobs)
+    try:
+        return list(pool.map(lambda task: task(), tasks))
+    finally:  # an error or Ctrl-C drops the fits not started yet
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class RooflineBaseline:

@@ -46,9 +46,10 @@ def bundle_dir(synthetic, tmp_path_factory):
 
 
 def test_publish_is_byte_identical_for_the_same_inputs(bundle_dir, synthetic, tmp_path):
+    """Also across thread counts: the fixture fits 2 models at once (jobs default), this run 1 at a time."""
     cfg = _cfg("calibrate_publish", **{"data.paths": f"[{synthetic}]", "bundle": tmp_path / "b2",
                                        "out": tmp_path / "rep", "publish.created": PINNED,
-                                       "evaluation.plots": "false", "evaluation.folds": 3})
+                                       "evaluation.plots": "false", "evaluation.folds": 3, "jobs": 1})
     calibrate_publish(cfg)
     files = sorted(p.relative_to(bundle_dir) for p in bundle_dir.rglob("*") if p.is_file())
     assert files == sorted(p.relative_to(tmp_path / "b2") for p in (tmp_path / "b2").rglob("*") if p.is_file())
@@ -167,6 +168,8 @@ def test_shipped_bundle_loads_without_torch_sklearn_or_calibrate():
 @pytest.mark.parametrize("override, message", [
     ("+learner.num_leafs=8", "learner.num_leafs: unknown setting; known: eta_floor"),
     ("learner.linear_tiers=[targt]", "learner.linear_tiers: 'targt' is not a tier (target, cross)"),
+    ("jobs=0", "jobs: 0 is not a whole number >= 1"),
+    ("jobs=two", "jobs: 'two' is not a whole number >= 1"),
 ])
 def test_bad_learner_setting_is_one_line(synthetic, tmp_path, override, message):
     key, value = override.split("=", 1)
