@@ -233,7 +233,8 @@ def predict(cfg: DictConfig) -> None:
     tier = str(cfg.tier)
     if cfg.get("sweep_file"):
         return _predict_sweep(cfg, tier, bundle)
-    hw = Hardware.from_mapping(OmegaConf.to_container(cfg.hardware), "hardware config")
+    hw = Hardware.from_mapping(OmegaConf.to_container(cfg.hardware), "hardware config").on_network(
+        cfg.net_gbs_per_gpu)
     df = _kernel_frame(OmegaConf.to_container(cfg.kernel))
     pred = Predictor(hw, tier=tier, bundle=bundle).predict_frame(df)
     row, p = df.iloc[0], pred.iloc[0]
@@ -246,6 +247,7 @@ def predict(cfg: DictConfig) -> None:
 
 
 def _predict_sweep(cfg: DictConfig, tier: str, bundle) -> None:
+    from kernelsight.predictor.hardware import load_hardware
     from kernelsight.predictor.predict import Predictor
     from kernelsight.predictor.sweep import read_sweep
 
@@ -254,7 +256,8 @@ def _predict_sweep(cfg: DictConfig, tier: str, bundle) -> None:
     usable = df[df["status"] == "ok"] if "status" in df.columns else df
     parts = []
     for device, part in usable.groupby("device", sort=True):
-        pred = Predictor(device, tier=tier, bundle=loaded).predict_frame(part)
+        hw = load_hardware(device).on_network(cfg.net_gbs_per_gpu)
+        pred = Predictor(hw, tier=tier, bundle=loaded).predict_frame(part)
         parts.append(pred.assign(device=device))
     pred = pd.concat(parts).loc[usable.index]
     shape_cols = [c for c in SHAPE_COLUMNS if c in usable.columns]

@@ -96,7 +96,14 @@ class Hardware:
 
     def on_network(self, net_gbs_per_gpu: float) -> "Hardware":
         """This GPU in a cluster whose scale-out network gives each GPU `net_gbs_per_gpu` GB/s per direction."""
-        return replace(self, net_gbs_per_gpu=float(net_gbs_per_gpu))
+        try:
+            gbs = float(net_gbs_per_gpu)
+        except (TypeError, ValueError):
+            gbs = float("nan")
+        if not gbs > 0:
+            raise KernelsightError(f"net_gbs_per_gpu = {net_gbs_per_gpu!r}: the scale-out network needs a bandwidth "
+                                   f"> 0 (GB/s per GPU and direction)")
+        return replace(self, net_gbs_per_gpu=gbs)
 
     # ----------------------------------------------------------------- units
     def peak_flops(self, dtype: Any) -> float:

@@ -92,6 +92,22 @@ def test_predict_command_one_kernel(capsys):
     assert "gemm(m=64, n=4096, k=4096, dtype=bf16) on mi300x" in out and "tier cross" in out
 
 
+def test_predict_command_prices_the_stated_scale_out_network(capsys):
+    def roofline_us(**over):
+        predict(_cfg(**{"kernel.family": "sendrecv", "kernel.msg_bytes": 16 * 2**20, "kernel.world_size": 2,
+                        **over}))
+        line = [x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("roofline")][0]
+        return float(line.split()[1])
+
+    default, slow = roofline_us(**{"kernel.link": "net"}), roofline_us(**{"kernel.link": "net", "net_gbs_per_gpu": 12.5})
+    # latency + bytes / bandwidth: only the bandwidth term moves, by 16 MiB x (1/12.5 - 1/50) per GB/s
+    assert slow - default == pytest.approx(16 * 2**20 * (1 / 12.5e9 - 1 / 50e9) * 1e6, rel=1e-3)
+    assert roofline_us(**{"kernel.link": "nvlink", "net_gbs_per_gpu": 12.5}) < default  # NVLink unaffected
+    with pytest.raises(KernelsightError, match="net_gbs_per_gpu = 0: the scale-out network needs a bandwidth > 0"):
+        predict(_cfg(**{"kernel.family": "gemm", "kernel.m": 64, "kernel.n": 64, "kernel.k": 64,
+                        "net_gbs_per_gpu": 0}))
+
+
 def test_predict_command_on_a_sweep_writes_per_row_errors(tmp_path, capsys):
     sweep = write_sweep(gemm_rows("l4", n_rows=30), tmp_path / "l4.parquet")  # synthetic latencies
     predict(_cfg(sweep_file=sweep, tier="cross", out=tmp_path / "pred.parquet"))
