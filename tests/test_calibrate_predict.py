@@ -99,8 +99,9 @@ def test_predict_command_prices_the_stated_scale_out_network(capsys):
         line = [x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("roofline")][0]
         return float(line.split()[1])
 
-    default, slow = roofline_us(**{"kernel.link": "net"}), roofline_us(**{"kernel.link": "net", "net_gbs_per_gpu": 12.5})
-    # latency + bytes / bandwidth: only the bandwidth term moves, by 16 MiB x (1/12.5 - 1/50) per GB/s
+    default = roofline_us(**{"kernel.link": "net"})
+    slow = roofline_us(**{"kernel.link": "net", "net_gbs_per_gpu": 12.5})
+    # latency + bytes / bandwidth: only the bandwidth term moves, by 16 MiB x (1/12.5 - 1/50 s per GB)
     assert slow - default == pytest.approx(16 * 2**20 * (1 / 12.5e9 - 1 / 50e9) * 1e6, rel=1e-3)
     assert roofline_us(**{"kernel.link": "nvlink", "net_gbs_per_gpu": 12.5}) < default  # NVLink unaffected
     with pytest.raises(KernelsightError, match="net_gbs_per_gpu = 0: the scale-out network needs a bandwidth > 0"):
