@@ -18,7 +18,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from kernelsight.predictor.bundle import load_bundle, sha256_file, shared_bundle
-from kernelsight.predictor.errors import KernelsightError
+from kernelsight.predictor.errors import KernelsightError, whole_number
 from kernelsight.predictor.families import SHAPE_COLUMNS, get_family, make_shape
 from kernelsight.predictor.features import TIERS
 from kernelsight.predictor.hardware import resolve_device
@@ -59,21 +59,13 @@ def learner_settings(cfg: DictConfig) -> dict:
     return learner
 
 
-def jobs_setting(cfg: DictConfig) -> int:
-    """cfg.jobs: how many models are fitted at once (threads), a whole number >= 1."""
-    jobs = cfg.jobs
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise KernelsightError(f"jobs: {jobs!r} is not a whole number >= 1 (models fitted at once)")
-    return jobs
-
-
 class Calibration:
     """The selected data of one run: rows, blocks, counts and timings."""
 
     def __init__(self, cfg: DictConfig):
         self.cfg = cfg
         self.learner = learner_settings(cfg)  # a bad setting fails before the data is read
-        self.jobs = jobs_setting(cfg)
+        self.jobs = whole_number(cfg.jobs, "jobs", hint="models fitted at once")
         self.timings: dict[str, float] = {}
         t = time.perf_counter()
         self.files = rw.input_files(_as_list(cfg.data.paths))

@@ -29,3 +29,10 @@ def did_you_mean(word: str, choices) -> str:
     """A ' (did you mean X?)' suffix naming the closest choices, or '' if none is close."""
     close = closest(word, choices)
     return f" (did you mean {either(close)}?)" if close else ""
+
+
+def whole_number(value, setting: str, minimum: int = 1, hint: str = "") -> int:
+    """A setting that must be an integer >= minimum (a bool is not), or one line naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise KernelsightError(f"{setting}={value!r}: must be an integer >= {minimum}{f' ({hint})' if hint else ''}")
+    return value

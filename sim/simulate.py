@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kernelsight.predictor.errors import KernelsightError
+from kernelsight.predictor.errors import KernelsightError, whole_number
 from kernelsight.predictor.hardware import Hardware
 from kernelsight.predictor.predict import Predictor
 
@@ -134,9 +134,8 @@ def simulate(cfg) -> dict:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         num_requests = cfg.num_requests
-        if num_requests is not None and (not isinstance(num_requests, int) or num_requests < 1):
-            raise KernelsightError(f"num_requests={num_requests!r}: must be a positive integer "
-                                   f"(null: every row of a trace)")
+        if num_requests is not None:
+            whole_number(num_requests, "num_requests", hint="null: every row of a trace")
         if not isinstance(cfg.seed, int):
             raise KernelsightError(f"seed={cfg.seed!r}: must be an integer")
         setup = build_setup(cfg)

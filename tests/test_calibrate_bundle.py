@@ -168,8 +168,8 @@ def test_shipped_bundle_loads_without_torch_sklearn_or_calibrate():
 @pytest.mark.parametrize("override, message", [
     ("+learner.num_leafs=8", "learner.num_leafs: unknown setting; known: eta_floor"),
     ("learner.linear_tiers=[targt]", "learner.linear_tiers: 'targt' is not a tier (target, cross)"),
-    ("jobs=0", "jobs: 0 is not a whole number >= 1"),
-    ("jobs=two", "jobs: 'two' is not a whole number >= 1"),
+    ("jobs=0", "jobs=0: must be an integer >= 1 (models fitted at once)"),
+    ("jobs=two", "jobs='two': must be an integer >= 1 (models fitted at once)"),
 ])
 def test_bad_learner_setting_is_one_line(synthetic, tmp_path, override, message):
     key, value = override.split("=", 1)

@@ -162,7 +162,7 @@ def test_simulate_with_the_real_pricer_writes_every_output(tmp_path, capsys):
     (["+workload.foo=1"], r"workload.foo: unknown field"),
     (["router=random"], r"router='random': unknown router"),
     (["slo.ttft_ms=-5"], r"slo.ttft_ms=-5: must be a positive number"),
-    (["num_requests=0"], r"num_requests=0: must be a positive integer"),
+    (["num_requests=0"], r"num_requests=0: must be an integer >= 1 \(null: every row of a trace\)"),
     (["parallel=tp8", "model=phi-4"], r"model phi-4 with tp=8: tp=8 does not divide the 10 KV heads"),
 ])
 def test_bad_configs_are_one_line_errors(overrides, message):

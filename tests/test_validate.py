@@ -462,7 +462,8 @@ def test_validate_command_bad_csv_row_is_one_line(capsys, tmp_path):
 
 @pytest.mark.parametrize("override, message", [("protocol.rounds=0", "protocol.rounds=0: must be an integer >= 1"),
                                                ("protocol.warmup_rounds=-1", "protocol.warmup_rounds=-1"),
-                                               ("protocol.start=later", "protocol.start='later'")])
+                                               ("protocol.start=later", "protocol.start='later'"),
+                                               ("jobs=many", "jobs='many': must be an integer >= 1 (worker processes)")])
 def test_validate_bad_protocol_is_one_line(capsys, override, message):
     with pytest.raises(SystemExit) as e:
         cli.main(["validate", "rows=[1]", "tiers.cross=null", override])

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from kernelsight.predictor.errors import KernelsightError
+from kernelsight.predictor.errors import KernelsightError, whole_number
 from kernelsight.predictor.paths import conf_dir, data_dir
 from kernelsight.sim.engine_profile import EngineProfile
 from kernelsight.sim.schema import plain
@@ -128,8 +128,7 @@ def _tiers(cfg) -> list[tuple[Tier, list]]:
 def _settings(cfg, engine: dict) -> RunSettings:
     p = plain(cfg.protocol)
     for key, low in (("warmup_rounds", 0), ("rounds", 1)):
-        if isinstance(p.get(key), bool) or not isinstance(p.get(key), int) or p[key] < low:
-            raise KernelsightError(f"protocol.{key}={p.get(key)!r}: must be an integer >= {low}")
+        whole_number(p.get(key), f"protocol.{key}", low)
     if p.get("start") not in START_MODES:
         raise KernelsightError(f"protocol.start={p.get('start')!r}: choose one of {', '.join(START_MODES)}")
     return RunSettings(p["warmup_rounds"], p["rounds"], int(cfg.seed), engine, p["start"])
@@ -174,6 +173,7 @@ def validate(cfg) -> pd.DataFrame:
 
         return validate_serve_command(cfg)
     start = time.perf_counter()
+    processes = whole_number(cfg.jobs, "jobs", hint="worker processes")
     csv = Path(cfg.csv) if cfg.csv else default_csv()
     rows = read_rows(csv)
     if cfg.rows:
@@ -199,13 +199,13 @@ def validate(cfg) -> pd.DataFrame:
     for tier, _ in tiers:
         t0 = time.perf_counter()
         jobs = [(r, m, tier, settings, num_requests) for r, m in zip(rows, models)]
-        logs = simulate_rows(jobs, int(cfg.jobs))
+        logs = simulate_rows(jobs, processes)
         wall = time.perf_counter() - t0
         steps = sum(len(log.gpu_s) for log in logs)
         loop_s = sum(log.wall_s for log in logs)
         timing.append(f"tier {tier.name}: {len(rows)} rows, {steps:,} engine steps simulated in {wall:.0f} s wall "
                       f"({loop_s:.0f} s in the event loops, {steps / max(loop_s, 1e-9):,.0f} steps/s per process, "
-                      f"{cfg.jobs} processes)")
+                      f"{processes} processes)")
         warned[tier.name] = sorted({w for log in logs for w in log.warnings})
         masks = [comp.measured_requests(log, r.concurrency, settings.warmup_rounds) for r, log in zip(rows, logs)]
         lins = [comp.linearize(log, engine.host, mask) for log, mask in zip(logs, masks)]
