@@ -162,12 +162,16 @@ def evaluate_target(blocks: dict, learner: dict, folds: int, seed: int, devices=
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
+def training_devices(blocks: dict, family: str, exclude=()) -> list[str]:
+    """The GPUs whose rows of `family` a cross-tier model trains on: every one with data not in exclude."""
+    return sorted(d for d, f in blocks if f == family and d not in exclude)
+
+
 def cross_training_set(blocks: dict, family: str, exclude, cap: int, seed: int):
     """Stacked cross-tier features and η of every GPU of `family` not in exclude, each capped."""
     xs, etas, devices = [], [], []
-    for (device, fam), block in sorted(blocks.items()):
-        if fam != family or device in exclude:
-            continue
+    for device in training_devices(blocks, family, exclude):
+        block = blocks[(device, family)]
         idx = _sample(len(block.rows), cap, seed)
         xs.append(block.x["cross"][idx])
         etas.append(block.eta[idx])
@@ -202,7 +206,7 @@ def _cross_split(blocks: dict, family: str, split: str, test_device: str, exclud
     block = blocks[(test_device, family)]
     hw = load_hardware(test_device)
     siblings = [(load_hardware(d), sibling_models[(d, family)])
-                for d in die_siblings(hw, sorted(set(train_devices)))]
+                for d in die_siblings(hw, training_devices(blocks, family, exclude))]
     path = {floor: cross_eta(family, block.cols, hw, block.roof, model.model_, siblings, floor=floor)
             for floor in (True, False)}
     idx = np.arange(len(block.rows))
@@ -223,7 +227,7 @@ def evaluate_cross(blocks: dict, learner: dict, cap: int, seed: int, extra: dict
             if devices is not None and test_device not in devices:
                 continue
             splits.append((family, split, test_device, exclude))
-            train = sorted(d for d, f in blocks if f == family and d not in exclude)
+            train = training_devices(blocks, family, exclude)
             needed |= {(d, family) for d in die_siblings(load_hardware(test_device), train)}
     needed = sorted(needed)  # siblings' target models on their whole block, as a bundle holds them
     fitted = run_fits([partial(fit_block, blocks[key], "target", learner) for key in needed], jobs)

@@ -131,10 +131,7 @@ def cross_eta(family: str, cols: Mapping, hw: Hardware, roof: Mapping, cross, si
     if left.size and cross is not None:
         from .features import feature_matrix
 
-        if left.size < n:
-            cols_left, roof_left = take(cols, left), take(roof, left)
-        else:
-            cols_left, roof_left = cols, roof
+        cols_left, roof_left = (take(cols, left), take(roof, left)) if left.size < n else (cols, roof)
         eta[left], extrapolated[left] = cross.eta(feature_matrix(family, "cross", cols_left, hw, roof_left),
                                                   floor=floor)
         model[left] = cross.label
