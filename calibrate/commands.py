@@ -85,6 +85,8 @@ class Calibration:
         kept, self.counts, self.chosen = rw.select(raw, **rules)
         self.repeats = ev.repeat_measurements(raw, kept, rules["exclude_sweeps"])
         self.rows = rw.with_eta(kept)
+        self.other_rows = rw.with_eta(ev.other_source_rows(raw, kept, rules["exclude_sweeps"]))
+        self.others = pd.DataFrame()
         lt1 = self.rows.assign(lt1=self.rows["eta"] < 1.0).groupby(["device", "family"], sort=True)["lt1"]
         self.eta_lt_1 = lt1.agg(rows="size", eta_lt_1="sum").reset_index()
         self.eta_lt_1 = self.eta_lt_1[self.eta_lt_1["eta_lt_1"] > 0].reset_index(drop=True)
@@ -105,6 +107,10 @@ class Calibration:
         cross = ev.evaluate_cross(self.blocks, self.learner, int(ecfg.cross_rows_per_device), int(self.cfg.seed),
                                   holdouts, targets, self.jobs)
         self.tick("evaluate cross tier", t)
+        t = time.perf_counter()
+        self.others = ev.evaluate_other_sources(self.blocks, self.other_rows, self.learner, int(ecfg.block_rows),
+                                                int(self.cfg.seed), targets, self.jobs)
+        self.tick("evaluate other sources", t)
         return pd.concat([target, cross], ignore_index=True)
 
     def report(self, scored: pd.DataFrame) -> dict:
@@ -113,7 +119,8 @@ class Calibration:
                     "rules": OmegaConf.to_container(self.cfg.rules), "seed": int(self.cfg.seed),
                     "inputs": [data_label(f) for f in self.files]}
         summary = write_report(self.cfg.out, scored, self.counts, self.chosen, self.eta_lt_1, settings,
-                               self.timings, bool(self.cfg.evaluation.plots), int(self.cfg.seed), self.repeats)
+                               self.timings, bool(self.cfg.evaluation.plots), int(self.cfg.seed), self.repeats,
+                               self.others)
         self.tick("report", t)
         return summary
 

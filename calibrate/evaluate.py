@@ -13,6 +13,10 @@
 * baselines beside each: plain roofline (η = 1) and a constant η per (device,
   family) (the training median; for a held-out GPU the median over the
   training GPUs' medians).
+* other sources, where the data has them: each GPU's target model, fitted on
+  its whole block as a bundle holds it, scored on the same GPU's rows of the
+  same providers that another source timed (another harness and campaign, at
+  its own shapes: Vidur's model shapes off aiconfigurator's grid).
 * repeat measurements, where the data has them: the kept sweep's kernels that
   another sweep of the same source and GPU timed again (same harness, provider
   and shape; another campaign), scored against each other. How far two campaigns disagree is a
@@ -234,6 +238,45 @@ def evaluate_cross(blocks: dict, learner: dict, cap: int, seed: int, extra: dict
     sibling_models = {key: m.model_ for key, m in zip(needed, fitted)}
     out = run_fits([partial(_cross_split, blocks, *s, learner, cap, seed, sibling_models) for s in splits], jobs)
     out = [o for o in out if o is not None]
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
+
+
+# Families whose dominant field counts tokens: their rows of at most this many are decode-sized, scored apart.
+TOKEN_FIELDS = ("m", "tokens")
+DECODE_SIZED = 64
+
+
+def other_source_rows(raw: pd.DataFrame, kept: pd.DataFrame, exclude_sweeps=()) -> pd.DataFrame:
+    """Per (device, family) of the kept rows: the GPU's usable rows (rules 1-3) of that family and of the kept
+    providers that other sources timed."""
+    usable = raw[unusable(raw, exclude_sweeps).isna()]
+    parts = [usable[(usable["device"] == device) & (usable["family"] == family)
+                    & ~usable["source"].isin(part["source"].unique())
+                    & usable["provider"].isin(part["provider"].unique())]
+             for (device, family), part in kept.groupby(["device", "family"], sort=True)]
+    return pd.concat(parts) if parts else raw.iloc[:0]
+
+
+def evaluate_other_sources(blocks: dict, rows: pd.DataFrame, learner: dict, cap: int, seed: int, devices=None,
+                           jobs: int = 1) -> pd.DataFrame:
+    """The target model of each block that `rows` (other_source_rows, with η) has rows for, fitted on the whole
+    block, scored on them: one scored row per row, split 'other <source>', band the dominant size."""
+    keys = sorted(k for k in set(zip(rows["device"], rows["family"])) & set(blocks)
+                  if devices is None or k[0] in devices)
+    models = run_fits([partial(fit_block, blocks[key], "target", learner) for key in keys], jobs)
+    out = []
+    for (device, family), model in zip(keys, models):
+        block = blocks[(device, family)]
+        const = ConstantEtaBaseline().fit([device] * len(block.rows), [family] * len(block.rows), block.eta)
+        part = rows[(rows["device"] == device) & (rows["family"] == family)]
+        for source, src in part.groupby("source", sort=True):
+            other = build_blocks(src, cap, seed)[(device, family)]
+            idx = np.arange(len(other.rows))
+            scored = _scored(other, idx, "target", f"other {source}", _predict_target(model, const, other, idx))
+            small = scored["dominant"] <= DECODE_SIZED
+            band = np.where(small, f"<= {DECODE_SIZED}", f"> {DECODE_SIZED}")
+            token_count = get_family(family).dominant in TOKEN_FIELDS
+            out.append(scored.assign(band=band if token_count else "all", fold=-1))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .evaluate import DIAGNOSTIC, DIAGNOSTICS, MODELS, NO_SIBLING, headline, metrics
+from .evaluate import DECODE_SIZED, DIAGNOSTIC, DIAGNOSTICS, MODELS, NO_SIBLING, headline, metrics
 
 PLOT_POINTS = 1500
 
@@ -34,12 +34,11 @@ def markdown_table(df: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _mape_table(per: pd.DataFrame, tier: str) -> pd.DataFrame:
-    part = per[per["tier"] == tier]
+def _mape_table(per: pd.DataFrame, tier: str, index=("family", "split", "device", "rows")) -> pd.DataFrame:
+    part = per[per["tier"] == tier] if not per.empty else per
     if part.empty:
         return pd.DataFrame()
-    wide = part.pivot_table(index=["family", "split", "device", "rows"], columns="model",
-                            values=["mape", "median_ape", "p90_ape"])
+    wide = part.pivot_table(index=list(index), columns="model", values=["mape", "median_ape", "p90_ape"])
     out = pd.DataFrame(index=wide.index)
     out["MAPE"] = wide[("mape", "lightgbm")]
     out["median APE"] = wide[("median_ape", "lightgbm")]
@@ -49,13 +48,13 @@ def _mape_table(per: pd.DataFrame, tier: str) -> pd.DataFrame:
     out["MAPE no floor"] = wide[("mape", DIAGNOSTIC)]
     if tier == "cross":
         out["MAPE no sibling"] = wide[("mape", NO_SIBLING)]
-        out["rows by die sibling %"] = part.groupby(["family", "split", "device", "rows"])["sibling_pct"].first()
+        out["rows by die sibling %"] = part.groupby(list(index))["sibling_pct"].first()
     return out.reset_index()
 
 
 def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.DataFrame, eta_lt_1: pd.DataFrame,
                  settings: dict, timings: dict, plots: bool = True, seed: int = 0,
-                 repeats: pd.DataFrame | None = None) -> dict:
+                 repeats: pd.DataFrame | None = None, others: pd.DataFrame | None = None) -> dict:
     """Write evaluation.json, REPORT.md and the PNGs under `out`; return the summary dict."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -64,7 +63,8 @@ def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.Dat
     result = {"headline_mape": head.to_dict(orient="records"), "per_split": per.to_dict(orient="records"),
               "rows": counts.to_dict(orient="records"), "sweeps": chosen.to_dict(orient="records"),
               "eta_lt_1_kept": eta_lt_1.to_dict(orient="records"), "settings": settings, "timings_s": timings,
-              "repeat_measurements": [] if repeats is None else repeats.to_dict(orient="records")}
+              "repeat_measurements": [] if repeats is None else repeats.to_dict(orient="records"),
+              "other_sources": _other_metrics(others).to_dict(orient="records")}
     (out / "evaluation.json").write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n",
                                          encoding="utf-8")
     pngs = _plots(out, scored, seed) if plots and not scored.empty else []
@@ -97,6 +97,13 @@ def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.Dat
           "kept one. Two campaigns disagree this much on identical kernels, so a model of one campaign is not "
           "expected to beat it; beside it, the target tier's K-fold MAPE on the same (GPU, family).", "",
           markdown_table(_repeat_table(repeats, pooled_folds)), "",
+          "## Other sources (shapes off the training grid)", "",
+          "Each GPU's target model, fitted on its whole block as the bundle holds it, scored on the same GPU's "
+          f"rows of the same providers that another source timed: another harness and campaign, at that "
+          f"source's shapes (Vidur's model shapes, off aiconfigurator's grid). Decode-sized rows (m or tokens "
+          f"<= {DECODE_SIZED}) are also shown apart. What two campaigns disagree on is in these errors too (see "
+          "Repeat measurements): they bound the model's own error off its grid from above.", "",
+          markdown_table(_other_table(others)), "",
           "## Data used", "", "Sweeps and providers per (device, family):", "", markdown_table(chosen), "",
           "Rows per rule (rules in calibrate/rows.py):", "", markdown_table(counts), "",
           "Rows measured faster than the roofline (η < 1), kept:", "", markdown_table(eta_lt_1), "",
@@ -118,6 +125,19 @@ def _repeat_table(repeats: pd.DataFrame | None, pooled_folds: pd.DataFrame) -> p
     keys = list(zip(repeats["device"], repeats["family"]))
     return repeats.rename(columns={"mape": "MAPE", "median_ape": "median APE", "p90_ape": "p90 APE"}).assign(
         **{"target tier MAPE": [target.get(k, np.nan) for k in keys]})
+
+
+def _other_metrics(others: pd.DataFrame | None) -> pd.DataFrame:
+    """metrics() of the other-source rows per band, with every row of a family once more as band 'all'."""
+    if others is None or others.empty:
+        return pd.DataFrame()
+    split = others[others["band"] != "all"]
+    return metrics(pd.concat([others.assign(band="all"), split]), by=("tier", "family", "device", "split", "band"))
+
+
+def _other_table(others: pd.DataFrame | None) -> pd.DataFrame:
+    table = _mape_table(_other_metrics(others), "target", ("family", "device", "split", "band", "rows"))
+    return table if not table.empty else pd.DataFrame({"other sources": ["none in the data"]})
 
 
 def _headline_table(head: pd.DataFrame) -> pd.DataFrame:

@@ -24,11 +24,13 @@ def known_eta(flops: np.ndarray, device: str) -> np.ndarray:
     return base + 5.0 / (1.0 + flops / 2e9)
 
 
-def gemm_rows(device: str, seed: int = 0, n_rows: int | None = None) -> pd.DataFrame:
-    """A gemm grid (bf16) on `device` with known η and 1 % multiplicative noise."""
-    dims = [64, 128, 256, 512, 1024, 2048, 4096]
-    grid = pd.DataFrame(list(itertools.product([1, 8, 32, 128, 512, 2048, 8192], dims, dims)),
-                        columns=["m", "n", "k"])
+GRID_M = (1, 8, 32, 128, 512, 2048, 8192)
+GRID_DIMS = (64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def gemm_rows(device: str, seed: int = 0, n_rows: int | None = None, ms=GRID_M, dims=GRID_DIMS) -> pd.DataFrame:
+    """A gemm grid (bf16; m in ms, n and k in dims) on `device` with known η and 1 % multiplicative noise."""
+    grid = pd.DataFrame(list(itertools.product(ms, dims, dims)), columns=["m", "n", "k"])
     if n_rows is not None:
         grid = grid.sample(n_rows, random_state=seed).reset_index(drop=True)
     df = grid.assign(family="gemm", provider="torch.F.linear", dtype="bf16", device=device,

@@ -142,7 +142,9 @@ def test_calibrate_command_writes_the_report(synthetic, tmp_path, capsys):
     assert "lodo h100_sxm" in splits and {"fold 0", "fold 1", "fold 2"} <= splits
     assert (tmp_path / "rep" / "parity_gemm.png").stat().st_size > 1000
     assert report["repeat_measurements"] == []  # one sweep per GPU: nothing timed twice
-    assert "## Repeat measurements" in (tmp_path / "rep" / "REPORT.md").read_text()
+    assert report["other_sources"] == []  # one source per GPU: no rows off another harness's grid
+    text = (tmp_path / "rep" / "REPORT.md").read_text()
+    assert "## Repeat measurements" in text and "## Other sources" in text
     with pytest.raises(KernelsightError, match="target=mi300x: no calibration rows"):
         calibrate(_cfg("calibrate", **{"data.paths": f"[{synthetic}]", "target": "mi300x", "out": tmp_path}))
 

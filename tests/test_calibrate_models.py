@@ -193,3 +193,26 @@ def test_repeat_measurements_score_another_campaign_of_the_same_source():
     # two independent 1 % noises: |ratio - 1| averages about 1.1 %
     assert 0.7 < rep.iloc[0]["mape"] < 1.6 and rep.iloc[0]["median_ape"] < rep.iloc[0]["p90_ape"]
     assert repeat_measurements(new, new).empty
+
+
+def test_other_sources_score_the_whole_block_model_off_its_grid():
+    """Another source's rows of the kept provider, at shapes between the grid's, are scored by the model fitted
+    on the whole kept block, decode-sized ones apart; another provider and a throttled row do not count."""
+    from kernelsight.calibrate.evaluate import evaluate_other_sources, other_source_rows
+
+    kept_rows = gemm_rows("h100_sxm", seed=1)
+    off_grid = gemm_rows("h100_sxm", seed=2, ms=(3, 48, 700, 3000), dims=(96, 700, 3000)).assign(
+        source="import:other@0", sweep_id="other/h100_sxm/v-1.0")
+    off_grid.loc[0, "flags"] = "throttled"
+    foreign = off_grid.iloc[1:4].assign(provider="vllm.other")
+    raw = pd.concat([kept_rows, off_grid, foreign], ignore_index=True)
+    kept, _, _ = select(raw, prefer_sources=["synthetic"])
+    rows = with_eta(other_source_rows(raw, kept))
+    assert len(rows) == len(off_grid) - 1 and set(rows["provider"]) == {"torch.F.linear"}
+    blocks = build_blocks(with_eta(kept), block_rows=10_000, seed=0)
+    scored = evaluate_other_sources(blocks, rows, FAST_LEARNER, cap=10_000, seed=0)
+    assert len(scored) == len(rows) and set(scored["split"]) == {"other import:other@0"}
+    assert (scored["band"] == np.where(scored["dominant"] <= 64, "<= 64", "> 64")).all()
+    m = metrics(scored.assign(split="all")).set_index("model")["mape"]
+    assert m["lightgbm"] < 10 < m["constant"] < m["roofline"]
+    assert evaluate_other_sources(blocks, rows, FAST_LEARNER, cap=10_000, seed=0, devices=["a100_sxm"]).empty
