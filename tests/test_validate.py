@@ -482,8 +482,8 @@ def test_report_names_the_die_sibling_that_prices_the_cross_tier():
 
 
 def test_cached_cross_bundle_is_rebuilt_only_when_stale(tmp_path, monkeypatch, capsys):
-    """The shipped bundle is fitted on the same data, rules, learner and code as the cross-tier one:
-    its manifest marks a cached bundle current; any difference marks it stale."""
+    """The shipped bundle is fitted on the same data, rules, learner, features and code as the cross-tier
+    one: its manifest marks a cached bundle current; any difference marks it stale."""
     import json
 
     from kernelsight.calibrate import commands as calibration
@@ -500,7 +500,9 @@ def test_cached_cross_bundle_is_rebuilt_only_when_stale(tmp_path, monkeypatch, c
     for change, what in ((lambda m: m, None),
                          (lambda m: {**m, "learner": {**m["learner"], "num_trees": 7}}, "learner"),
                          (lambda m: {**m, "training_data": m["training_data"][1:]}, "training_data"),
-                         (lambda m: {**m, "code_version": "0.0.0"}, "code_version")):
+                         (lambda m: {**m, "code_version": "0.0.0"}, "code_version"),
+                         (lambda m: {**m, "features": {**m["features"], "cross": {  # a model of other features
+                             **m["features"]["cross"], "gemm": m["features"]["cross"]["gemm"][:-1]}}}, "features")):
         built.clear()
         (cached / "manifest.json").write_text(json.dumps(change(shipped)))
         assert ensure_cross_bundle(str(cached), ["h100_sxm"], 0) == str(cached)

@@ -59,7 +59,7 @@ def resolve_bundle(value) -> str | None:
 def ensure_cross_bundle(path: str, exclude: list[str], seed: int) -> str:
     """The cross-device bundle: `calibrate publish` on every calibration GPU except `exclude`, built
     once (minutes) and cached at `path`; rebuilt when the cached one is stale (other data, calibration
-    settings or code version than it was fitted with)."""
+    settings, features or code version than it was fitted with)."""
     import pyarrow.parquet as pq
 
     from kernelsight.calibrate import rows as calibration_rows
@@ -94,13 +94,18 @@ def _stale(manifest_path: Path, expected: dict) -> str:
     """Why a cached bundle must be (re)built ('' when it is current)."""
     if not manifest_path.is_file():
         return "not built yet"
+    from kernelsight.predictor.features import feature_names
+
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         found = {**{k: manifest.get(k) for k in ("rules", "learner", "code_version")},
                  "training_data": {d["file"]: d["sha256"] for d in manifest.get("training_data", ())}}
-    except (ValueError, TypeError, KeyError):
+        fitted = {(tier, family): names for tier, families in (manifest.get("features") or {}).items()
+                  for family, names in families.items()}
+        features_changed = any(names != feature_names(family, tier) for (tier, family), names in fitted.items())
+    except (ValueError, TypeError, KeyError, AttributeError):
         return "its manifest is unreadable: rebuilding"
-    changed = [k for k in expected if found.get(k) != expected[k]]
+    changed = [k for k in expected if found.get(k) != expected[k]] + (["features"] if features_changed else [])
     return f"{' and '.join(changed)} changed since it was built: rebuilding" if changed else ""
 
 
