@@ -9,8 +9,10 @@ Each family gets an explicit, named feature list per tier:
 * roofline features on the device (from the cost model and the catalog entry):
   log2 FLOPs and bytes, arithmetic intensity relative to the device's ridge
   point, log2 roofline time, waves of thread blocks over the SMs, tail-wave
-  fill, wave-quantization factor, working set relative to L2; collectives
-  instead get bus bytes, roofline time and the share of it that is bandwidth;
+  fill, wave-quantization factor, working set relative to L2 (GEMMs: how much
+  wave quantization raises the roofline instead of the fill and the factor);
+  collectives instead get bus bytes, roofline time and the share of it that
+  is bandwidth;
 * cross-device tier only, hardware features of the catalog entry: peaks (the
   row's dtype and fp32), memory bandwidth, ridge point, SMs, L2, clock; for
   collectives the link bandwidths.
@@ -185,6 +187,12 @@ def _pow2_alignment(x, cap: int = 256) -> np.ndarray:
     return np.log2(np.minimum(x & -x, cap).astype(np.float64))
 
 
+def _wave_penalty(x: FeatureInput) -> np.ndarray:
+    """log2 of how much whole-wave quantization raises the roofline: 0 where it stays memory-bound."""
+    r = x.roof
+    return _log2(r["t_roof"] / np.maximum(r["t_compute"] / r["wave_factor"], r["t_memory"]))
+
+
 def _split_k_depth(x: FeatureInput) -> np.ndarray:
     """log2 of blocks launched per output tile: the split-K depth the roofline assumed on this GPU."""
     return _log2(x.roof["blocks"] / np.maximum(x.family.cost(x.arrays).blocks, 1))
@@ -199,6 +207,8 @@ FAMILY_FEATURES = {
         Feature("log2_k_alignment", "log2 of the largest power of two dividing k (<= 256)",
                 lambda x: _pow2_alignment(x.arrays["k"])),
         Feature("log2_split_k", "log2 of thread blocks launched per output tile (split-K depth)", _split_k_depth),
+        Feature("log2_wave_penalty", "log2 of how much wave quantization raises the roofline (0 when it stays "
+                "memory-bound)", _wave_penalty),
     ),
     "attn_prefill": (
         Feature("q_tile_fill", f"seq_q over seq_q rounded up to the {attention.Q_TILE}-row query tile",
@@ -213,11 +223,20 @@ FAMILY_FEATURES = {
 }
 
 
+# Kernel features a family's own replace. GEMMs: cuBLAS and CUTLASS choose tile shapes and split-K per
+# shape, so the cost model's 128x128 wave pattern describes the roofline, not the kernel; a tail-wave fill
+# learned on compute-bound grid shapes priced memory-bound ones off the grid (A100, m = 1, n = 28672 at
+# η 2.5 between grid neighbours at 1.4). The GEMM model sees how much quantization raises the roofline
+# instead (log2_wave_penalty), which is 0 where the kernel is memory-bound.
+REPLACED = {"gemm": ("tail_fill", "wave_factor")}
+
+
 def _spec(family: Family, tier: str) -> tuple:
     shape = tuple(_shape_feature(f) for f in family.fields) + FAMILY_FEATURES.get(family.name, ())
     if family.unit == "link":
         return shape + LINK_FEATURES + (LINK_HW_FEATURES if tier == "cross" else ())
-    return shape + KERNEL_FEATURES + (KERNEL_HW_FEATURES if tier == "cross" else ())
+    kernel = tuple(f for f in KERNEL_FEATURES if f.name not in REPLACED.get(family.name, ()))
+    return shape + kernel + (KERNEL_HW_FEATURES if tier == "cross" else ())
 
 
 FEATURES: dict[tuple[str, str], tuple] = {(name, tier): _spec(fam, tier)

@@ -28,8 +28,8 @@ def test_gemm_decode_shape_on_h100_by_hand():
     # 32 tiles of 128x128 (ceil(1/128) * 4096/128); split-K by min(132 // 32, 4096/256) = 4 fills 128 SMs
     blocks = 32 * 4
     assert f["log2_waves"] == pytest.approx(math.log2(blocks / 132))
-    assert f["tail_fill"] == pytest.approx(128 / 132)
-    assert f["wave_factor"] == pytest.approx(132 / 128)
+    assert "tail_fill" not in f and "wave_factor" not in f  # GEMMs see the wave penalty instead
+    assert f["log2_wave_penalty"] == 0  # memory-bound: quantizing the compute time changes no roofline
     assert f["log2_bytes_rel_l2"] == pytest.approx(math.log2(bytes_ / (50 * 2**20)))
     assert f["m_tile_fill"] == pytest.approx(1 / 128) and f["n_tile_fill"] == 1.0
     assert f["log2_k_alignment"] == 8  # capped at 256
@@ -40,8 +40,22 @@ def test_gemm_decode_shape_on_h100_by_hand():
 
 def test_whole_waves_fill_the_tail():
     f = _row("gemm", "target", m=128 * 12, n=128 * 11, k=256, dtype="fp8")  # 132 blocks: one full wave
-    assert f["tail_fill"] == 1.0 and f["wave_factor"] == 1.0 and f["dtype_bytes"] == 1
+    assert f["log2_wave_penalty"] == 0 and f["dtype_bytes"] == 1
     assert f["log2_split_k"] == 0  # the tiles fill the SMs: no split-K
+    f = _row("attn_prefill", "target", batch=1, seq_q=128, seq_kv=128, heads=132, kv_heads=132, head_dim=128,
+             causal=False, window=0, dtype="bf16", kv_dtype="bf16")  # one 128-row query tile per head
+    assert f["tail_fill"] == 1.0 and f["wave_factor"] == 1.0
+
+
+def test_a_compute_bound_gemm_pays_its_tail_wave():
+    # 7 x 19 = 133 output tiles on 132 SMs (no split-K: the tiles already fill them): two waves, the second
+    # with one block; compute-bound, so the roofline doubles less one block's share
+    f = _row("gemm", "target", m=128 * 7, n=128 * 19, k=16384, dtype="bf16")
+    assert f["log2_waves"] == pytest.approx(math.log2(133 / 132))
+    assert f["log2_wave_penalty"] == pytest.approx(math.log2(264 / 133))
+    f = _row("attn_prefill", "target", batch=1, seq_q=128, seq_kv=128, heads=133, kv_heads=133, head_dim=128,
+             causal=False, window=0, dtype="bf16", kv_dtype="bf16")  # other families keep the fill and factor
+    assert f["tail_fill"] == pytest.approx(1 / 132) and f["wave_factor"] == pytest.approx(264 / 133)
 
 
 def test_prefill_gqa_group_size():
