@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .evaluate import DECODE_SIZED, DIAGNOSTIC, DIAGNOSTICS, MODELS, NO_SIBLING, headline, metrics
+from .evaluate import DECODE_SIZED, DIAGNOSTIC, DIAGNOSTICS, MODELS, NO_SIBLING, TOKEN_FIELDS, headline, metrics
 
 PLOT_POINTS = 1500
 
@@ -99,10 +99,11 @@ def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.Dat
           markdown_table(_repeat_table(repeats, pooled_folds)), "",
           "## Other sources (shapes off the training grid)", "",
           "Each GPU's target model, fitted on its whole block as the bundle holds it, scored on the same GPU's "
-          f"rows of the same providers that another source timed: another harness and campaign, at that "
-          f"source's shapes (Vidur's model shapes, off aiconfigurator's grid). Decode-sized rows (m or tokens "
-          f"<= {DECODE_SIZED}) are also shown apart. What two campaigns disagree on is in these errors too (see "
-          "Repeat measurements): they bound the model's own error off its grid from above.", "",
+          "rows of the same providers that another source timed: another harness and campaign, at that "
+          "source's shapes (Vidur's model shapes, off aiconfigurator's grid). Decode-sized rows "
+          f"({' or '.join(TOKEN_FIELDS)} <= {DECODE_SIZED}) are also shown apart. What two campaigns disagree on "
+          "is in these errors too (see Repeat measurements): they bound the model's own error off its grid from "
+          "above.", "",
           markdown_table(_other_table(others)), "",
           "## Data used", "", "Sweeps and providers per (device, family):", "", markdown_table(chosen), "",
           "Rows per rule (rules in calibrate/rows.py):", "", markdown_table(counts), "",
@@ -131,8 +132,8 @@ def _other_metrics(others: pd.DataFrame | None) -> pd.DataFrame:
     """metrics() of the other-source rows per band, with every row of a family once more as band 'all'."""
     if others is None or others.empty:
         return pd.DataFrame()
-    split = others[others["band"] != "all"]
-    return metrics(pd.concat([others.assign(band="all"), split]), by=("tier", "family", "device", "split", "band"))
+    banded = others[others["band"] != "all"]
+    return metrics(pd.concat([others.assign(band="all"), banded]), by=("tier", "family", "device", "split", "band"))
 
 
 def _other_table(others: pd.DataFrame | None) -> pd.DataFrame:
