@@ -90,7 +90,9 @@ class Calibration:
         lt1 = self.rows.assign(lt1=self.rows["eta"] < 1.0).groupby(["device", "family"], sort=True)["lt1"]
         self.eta_lt_1 = lt1.agg(rows="size", eta_lt_1="sum").reset_index()
         self.eta_lt_1 = self.eta_lt_1[self.eta_lt_1["eta_lt_1"] > 0].reset_index(drop=True)
-        self.blocks = ev.build_blocks(self.rows, int(cfg.evaluation.block_rows), int(cfg.seed))
+        sweeps = {(r.device, r.family): r.sweeps for r in self.chosen.itertuples()}
+        self.blocks = ev.build_blocks(self.rows, int(cfg.evaluation.block_rows), int(cfg.seed), sweeps)
+        self.fitted: dict = {}  # whole-block target models, each fitted once (evaluate.target_models)
         self.tick("select + features", t)
 
     def tick(self, step: str, start: float) -> None:
@@ -105,11 +107,11 @@ class Calibration:
         self.tick("evaluate target tier", t)
         t = time.perf_counter()
         cross = ev.evaluate_cross(self.blocks, self.learner, int(ecfg.cross_rows_per_device), int(self.cfg.seed),
-                                  holdouts, targets, self.jobs)
+                                  holdouts, targets, self.jobs, self.fitted)
         self.tick("evaluate cross tier", t)
         t = time.perf_counter()
         self.others = ev.evaluate_other_sources(self.blocks, self.other_rows, self.learner, int(ecfg.block_rows),
-                                                int(self.cfg.seed), targets, self.jobs)
+                                                int(self.cfg.seed), targets, self.jobs, self.fitted)
         self.tick("evaluate other sources", t)
         return pd.concat([target, cross], ignore_index=True)
 
@@ -127,17 +129,15 @@ class Calibration:
     def final_models(self) -> list[EtaRegressor]:
         """Target models per (device, family) and cross models per family on all selected rows."""
         cap, seed = int(self.cfg.evaluation.cross_rows_per_device), int(self.cfg.seed)
-        sweeps = {(r.device, r.family): r.sweeps for r in self.chosen.itertuples()}
-        tasks = [partial(ev.fit_block, block, "target", self.learner,
-                         {"devices": {device: len(block.rows)}, "sweeps": sweeps[(device, family)]})
-                 for (device, family), block in sorted(self.blocks.items())]
+        tasks = []
         for family in sorted({f for _, f in self.blocks}):
             x, eta, devices = ev.cross_training_set(self.blocks, family, (), cap, seed)
             rows = pd.Series(devices).value_counts().sort_index()
             tasks.append(partial(EtaRegressor(family, "cross", None, **self.learner).fit, x, eta,
                                  {"devices": {d: int(n) for d, n in rows.items()},
-                                  "sweeps": sorted({sweeps[(d, family)] for d in rows.index})}))
-        return run_fits(tasks, self.jobs)
+                                  "sweeps": sorted({self.blocks[(d, family)].sweeps for d in rows.index})}))
+        target = ev.target_models(self.blocks, sorted(self.blocks), self.learner, self.jobs, self.fitted)
+        return [*target.values(), *run_fits(tasks, self.jobs)]
 
     def constant_eta(self) -> dict:
         """The constant-η baseline per family and GPU (the median of its rows), for `predict` error tables."""

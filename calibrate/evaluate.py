@@ -65,6 +65,7 @@ class Block:
     groups: np.ndarray
     cols: dict  # the family's shape columns
     roof: dict  # their roofline columns on the block's GPU
+    sweeps: str = ""  # the sweeps its rows were chosen from (rows.select), for a model card
 
     @property
     def eta(self) -> np.ndarray:
@@ -97,8 +98,9 @@ def group_folds(groups: np.ndarray, k: int, seed: int) -> np.ndarray:
     return fold_of[np.searchsorted(uniq, groups)]
 
 
-def build_blocks(rows: pd.DataFrame, block_rows: int, seed: int) -> dict:
-    """(device, family) -> Block, each capped at block_rows by a seeded uniform sample."""
+def build_blocks(rows: pd.DataFrame, block_rows: int, seed: int, sweeps: dict | None = None) -> dict:
+    """(device, family) -> Block, each capped at block_rows by a seeded uniform sample; sweeps: (device, family)
+    -> the sweeps rows.select chose for it."""
     blocks = {}
     for (device, family), part in rows.groupby(["device", "family"], sort=True):
         part = part.iloc[_sample(len(part), block_rows, seed)]
@@ -106,7 +108,8 @@ def build_blocks(rows: pd.DataFrame, block_rows: int, seed: int) -> dict:
         cols = {c: part[c].to_numpy() for c in get_family(family).columns}
         roof = roofline_columns(family, cols, hw)
         x = {tier: feature_matrix(family, tier, cols, hw, roof) for tier in ("target", "cross")}
-        blocks[(device, family)] = Block(device, family, part, x, group_ids(family, part), cols, roof)
+        blocks[(device, family)] = Block(device, family, part, x, group_ids(family, part), cols, roof,
+                                         (sweeps or {}).get((device, family), ""))
     return blocks
 
 
@@ -195,9 +198,21 @@ def holdout_protocols(blocks: dict, family: str, extra: dict) -> list[tuple[str,
     return out
 
 
-def fit_block(block: Block, tier: str, learner: dict, provenance: dict | None = None) -> EtaRegressor:
-    """One (device, family) model on the whole block: what a bundle holds."""
-    return EtaRegressor(block.family, tier, block.device, **learner).fit(block.x[tier], block.eta, provenance)
+def fit_block(block: Block, learner: dict) -> EtaRegressor:
+    """One (device, family) target model on the whole block, with its provenance: what a bundle holds."""
+    provenance = {"devices": {block.device: len(block.rows)}, "sweeps": block.sweeps} if block.sweeps else None
+    return EtaRegressor(block.family, "target", block.device, **learner).fit(block.x["target"], block.eta,
+                                                                             provenance)
+
+
+def target_models(blocks: dict, keys, learner: dict, jobs: int = 1, fitted: dict | None = None) -> dict:
+    """The whole-block target models (fit_block) of `keys`, each fitted once: those already in `fitted` are
+    reused and the new ones added to it (the die-sibling transfer, the other-sources check and the bundle
+    share them)."""
+    fitted = {} if fitted is None else fitted
+    missing = sorted(set(keys) - set(fitted))
+    fitted.update(zip(missing, run_fits([partial(fit_block, blocks[key], learner) for key in missing], jobs)))
+    return {key: fitted[key] for key in keys}
 
 
 def _cross_split(blocks: dict, family: str, split: str, test_device: str, exclude: tuple, learner: dict,
@@ -220,11 +235,11 @@ def _cross_split(blocks: dict, family: str, split: str, test_device: str, exclud
 
 
 def evaluate_cross(blocks: dict, learner: dict, cap: int, seed: int, extra: dict, devices=None,
-                   jobs: int = 1) -> pd.DataFrame:
+                   jobs: int = 1, fitted: dict | None = None) -> pd.DataFrame:
     """Leave-one-device-out (and the extra hold-out protocols) per family on the cross tier: what the
     predictor's cross path does for a GPU it has no data of (predictor/transfer.py: die siblings among
     the training GPUs where their target models cover the kernel, the LightGBM cross model for the rest).
-    jobs: fits at once."""
+    jobs: fits at once; fitted: whole-block target models to reuse and add to (target_models)."""
     splits, needed = [], set()
     for family in sorted({f for _, f in blocks}):
         for split, test_device, exclude in holdout_protocols(blocks, family, extra):
@@ -233,9 +248,8 @@ def evaluate_cross(blocks: dict, learner: dict, cap: int, seed: int, extra: dict
             splits.append((family, split, test_device, exclude))
             train = training_devices(blocks, family, exclude)
             needed |= {(d, family) for d in die_siblings(load_hardware(test_device), train)}
-    needed = sorted(needed)  # siblings' target models on their whole block, as a bundle holds them
-    fitted = run_fits([partial(fit_block, blocks[key], "target", learner) for key in needed], jobs)
-    sibling_models = {key: m.model_ for key, m in zip(needed, fitted)}
+    # siblings' target models on their whole block, as a bundle holds them
+    sibling_models = {key: m.model_ for key, m in target_models(blocks, needed, learner, jobs, fitted).items()}
     out = run_fits([partial(_cross_split, blocks, *s, learner, cap, seed, sibling_models) for s in splits], jobs)
     out = [o for o in out if o is not None]
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
@@ -258,14 +272,14 @@ def other_source_rows(raw: pd.DataFrame, kept: pd.DataFrame, exclude_sweeps=()) 
 
 
 def evaluate_other_sources(blocks: dict, rows: pd.DataFrame, learner: dict, cap: int, seed: int, devices=None,
-                           jobs: int = 1) -> pd.DataFrame:
+                           jobs: int = 1, fitted: dict | None = None) -> pd.DataFrame:
     """The target model of each block that `rows` (other_source_rows, with η) has rows for, fitted on the whole
-    block, scored on them: one scored row per row, split 'other <source>', band the dominant size."""
+    block (target_models, reusing `fitted`), scored on them: one scored row per row, split 'other <source>',
+    band the dominant size."""
     keys = sorted(k for k in set(zip(rows["device"], rows["family"])) & set(blocks)
                   if devices is None or k[0] in devices)
-    models = run_fits([partial(fit_block, blocks[key], "target", learner) for key in keys], jobs)
     out = []
-    for (device, family), model in zip(keys, models):
+    for (device, family), model in target_models(blocks, keys, learner, jobs, fitted).items():
         block = blocks[(device, family)]
         const = ConstantEtaBaseline().fit([device] * len(block.rows), [family] * len(block.rows), block.eta)
         part = rows[(rows["device"] == device) & (rows["family"] == family)]

@@ -40,6 +40,8 @@ from typing import Mapping
 
 import numpy as np
 
+from .families.collectives import cluster_link_rows
+from .features import feature_matrix
 from .hardware import Hardware, load_hardware
 from .roofline import roofline_columns
 
@@ -83,8 +85,6 @@ def sibling_eta(family: str, cols: Mapping, roof: Mapping, siblings, floor: bool
     (1 where not covered), the covered mask and the sibling key that priced each row ('' if none).
     floor=False skips the siblings' η floor (evaluation only: what the floor costs).
     """
-    from .features import feature_matrix
-
     n = len(roof["t_roof"])
     eta = np.ones(n)
     source = np.full(n, "", dtype=object)
@@ -120,8 +120,6 @@ def cross_eta(family: str, cols: Mapping, hw: Hardware, roof: Mapping, cross, si
     Returns {eta, extrapolated, model, sibling} per row: model is the label of what priced the row, sibling
     whether a die sibling did.
     """
-    from .families.collectives import cluster_link_rows
-
     n = len(roof["t_roof"])
     eta, covered, source = sibling_eta(family, cols, roof, siblings, floor)
     model = np.full(n, ROOFLINE, dtype=object)
@@ -129,8 +127,6 @@ def cross_eta(family: str, cols: Mapping, hw: Hardware, roof: Mapping, cross, si
     extrapolated = ~covered
     left = np.flatnonzero(~covered)
     if left.size and cross is not None:
-        from .features import feature_matrix
-
         cols_left, roof_left = (take(cols, left), take(roof, left)) if left.size < n else (cols, roof)
         eta[left], extrapolated[left] = cross.eta(feature_matrix(family, "cross", cols_left, hw, roof_left),
                                                   floor=floor)
