@@ -129,7 +129,8 @@ def test_h100_sxm_numbers():
 
 def test_known_traps_kept():
     assert load_hardware("l4").num_sms == 58
-    assert math.isnan(load_hardware("h200_sxm").l2_bytes)
+    assert load_hardware("h200_sxm").l2_bytes == 60 * 2**20  # measured on a lent H200, not H100's 50 MiB
+    assert math.isnan(load_hardware("gb300").l2_bytes)
     assert load_hardware("mi300x").compute_capability == "gfx942"
     assert load_hardware("b300_sxm").peak_tflops["int8"] == 153.5
 
