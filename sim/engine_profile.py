@@ -53,9 +53,13 @@ class AttentionSettings:
     the KV cache in place (vLLM). 'flat_masked': per layer, every scheduled request's whole KV history is
     gathered out of the cache and its heads repeated to the query heads, then ONE non-causal SDPA runs all
     the step's query tokens against all gathered keys under a block-diagonal mask (transformers'
-    paged|sdpa), so its cost grows with (query tokens) x (KV tokens of the whole batch)."""
+    paged|sdpa), so its cost grows with (query tokens) x (KV tokens of the whole batch).
+
+    flat_slowdown: how much longer that SDPA takes than the FlashAttention-class prefill kernel the predictor
+    prices: the mask rules the flash backends out, so torch runs its memory-efficient kernel."""
 
     layout: str
+    flat_slowdown: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,7 @@ _FIELDS = {
     }),
     "attention": Spec("section", fields={
         "layout": Spec("choice", choices=ATTENTION_LAYOUTS),
+        "flat_slowdown": Spec("positive", default=1.0),
     }),
     "cuda_graph": Spec("section", fields={
         "enabled": Spec("bool"),

@@ -58,6 +58,7 @@ class KernelCall:
     cols: dict
     count: int
     phase: str = "mixed"
+    scale: float = 1.0  # time multiplier: the kernel runs on a slower backend than the one the predictor prices
 
     @property
     def num_rows(self) -> int:
@@ -236,7 +237,8 @@ def attention_kernels(model: ModelConfig, par: ParallelConfig, engine: EnginePro
     """Prefill and decode attention of each layer kind (see the module docstring for the aggregation)."""
     s = s or shard(model, par)
     if engine.attention.layout == "flat_masked":
-        return flat_attention_kernels(model, s, batch.num_tokens, flat_kv_tokens(batch))
+        return flat_attention_kernels(model, s, batch.num_tokens, flat_kv_tokens(batch),
+                                      engine.attention.flat_slowdown)
     calls = []
     kinds = model.layer_kinds()
     for kind in kinds:
@@ -258,10 +260,12 @@ def flat_kv_tokens(batch: StepBatch) -> int:
     return sum(batch.prefill_ctx) + batch.num_prefill_tokens + sum(batch.decode_ctx)
 
 
-def flat_attention_kernels(model: ModelConfig, s: Shard, q_tokens, kv_tokens) -> list[KernelCall]:
+def flat_attention_kernels(model: ModelConfig, s: Shard, q_tokens, kv_tokens,
+                           slowdown: float = 1.0) -> list[KernelCall]:
     """transformers' paged|sdpa attention (engine attention.layout flat_masked), per layer: index_select of
     the step's K and V out of the cache, repeat_kv to the query heads, one non-causal SDPA of all q_tokens
-    against all kv_tokens; once per step, the block-diagonal mask (q_tokens x kv_tokens) written for it.
+    against all kv_tokens (`slowdown` times the priced prefill kernel: engine attention.flat_slowdown); once
+    per step, the block-diagonal mask (q_tokens x kv_tokens) written for it.
     Windows are not applied (the mask would carry them; the gather is the whole history either way).
     kv_tokens may be an array (the pricer's tables)."""
     ab, hd, n = model.act_dtype, model.head_dim, model.layers
@@ -275,7 +279,7 @@ def flat_attention_kernels(model: ModelConfig, s: Shard, q_tokens, kv_tokens) ->
     calls.append(KernelCall("attn_flat", "attn_prefill", {"batch": 1, "seq_q": q_tokens, "seq_kv": kv_tokens,
                                                          "heads": s.heads, "kv_heads": s.heads, "head_dim": hd,
                                                          "causal": False, "window": 0, "dtype": ab,
-                                                         "kv_dtype": ab}, n))
+                                                         "kv_dtype": ab}, n, scale=slowdown))
     return calls
 
 

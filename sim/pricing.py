@@ -251,7 +251,8 @@ class StepPricer:
 
     def _flat_total(self, q_tokens: int, kv_tokens: np.ndarray) -> np.ndarray:
         """Seconds of a step's flat masked attention kernels (all layers) per entry of kv_tokens."""
-        calls = flat_attention_kernels(self.model, self.shard, q_tokens, kv_tokens)
+        calls = flat_attention_kernels(self.model, self.shard, q_tokens, kv_tokens,
+                                       self.engine.attention.flat_slowdown)
         return sum(c.count * x for c, x in zip(calls, self._price(calls)))
 
     def _decode_cols(self, kind: int, n: int, seq_kv) -> dict:
@@ -279,7 +280,7 @@ class StepPricer:
 
     # -- predictor calls ---------------------------------------------------------------------
     def _price(self, calls: list[KernelCall]) -> list[np.ndarray]:
-        """Seconds per row of every call: one predictor call per family over all their rows."""
+        """Seconds per row of every call (times its scale): one predictor call per family over all their rows."""
         out: list = [None] * len(calls)
         by_family: dict[str, list[int]] = {}
         for i, call in enumerate(calls):
@@ -293,7 +294,7 @@ class StepPricer:
             start = 0
             for i in idx:
                 n = calls[i].num_rows
-                out[i] = seconds[start:start + n]
+                out[i] = seconds[start:start + n] * calls[i].scale
                 start += n
         return out
 

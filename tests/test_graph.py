@@ -3,16 +3,22 @@ from __future__ import annotations
 
 import random
 import time
+from pathlib import Path
 from dataclasses import replace
 
+import numpy as np
 import pytest
+import yaml
 
+from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.families import get_family, make_shape
 from kernelsight.predictor.hardware import load_hardware
+from kernelsight.predictor.paths import conf_dir
 from kernelsight.predictor.predict import Predictor
 from kernelsight.predictor.roofline import roofline_columns
+from kernelsight.predictor.sweep import read_sweep
 from kernelsight.sim.batch import StepBatch
-from kernelsight.sim.engine_profile import load_engine
+from kernelsight.sim.engine_profile import EngineProfile, load_engine
 from kernelsight.sim.graph import step_kernels
 from kernelsight.sim.model import load_model
 from kernelsight.sim.parallel import ParallelConfig, load_parallel
@@ -220,6 +226,42 @@ def test_flat_masked_attention_is_one_sdpa_over_the_whole_batch():
     a, b = p.breakdown(decodes), p.breakdown(mixed)
     attention = lambda d: d["family"].get("attn_prefill", 0) + d["family"].get("attn_decode", 0)  # noqa: E731
     assert attention(b) > 2 * attention(a)
+
+
+def test_flat_slowdown_scales_the_masked_sdpa_alone():
+    """attention.flat_slowdown multiplies the flat SDPA's time, in the tables and exact pricing alike; the
+    gathers, the mask and every other kernel keep theirs."""
+    fast = load_engine("transformers_cb")
+    base = replace(fast, attention=replace(fast.attention, flat_slowdown=1.0))
+    slow = replace(fast, attention=replace(fast.attention, flat_slowdown=3.0))
+    p1, p3 = pricer(engine=base), pricer(engine=slow)
+    k1 = {k.call.name: k.total_s for k in p1.kernels(MIXED)}
+    k3 = {k.call.name: k.total_s for k in p3.kernels(MIXED)}
+    assert k3["attn_flat"] == pytest.approx(3 * k1["attn_flat"])
+    assert {n: t for n, t in k3.items() if n != "attn_flat"} == {n: t for n, t in k1.items() if n != "attn_flat"}
+    added = p3.step_time(MIXED).gpu_s - p1.step_time(MIXED).gpu_s
+    assert added == pytest.approx(2 * k1["attn_flat"], rel=0.01)  # the interpolated tables agree
+
+
+@pytest.mark.parametrize("value", [0, -1.5, "fast"])
+def test_flat_slowdown_must_be_a_positive_number(value):
+    data = yaml.safe_load((conf_dir() / "engine" / "transformers_cb.yaml").read_text())
+    data["attention"]["flat_slowdown"] = value
+    with pytest.raises(KernelsightError, match=r"field 'attention.flat_slowdown' = .*must be"):
+        EngineProfile.from_mapping(data, "my_engine.yaml")
+
+
+def test_transformers_flat_slowdown_is_the_measured_efficient_backend_ratio():
+    """The profile's flat_slowdown is what our H200 sweep measured: torch's memory-efficient SDPA against
+    the shipped bundle's prefill prediction, median over the rows that ran it (to the profile's 0.1)."""
+    sweep = read_sweep(Path(__file__).resolve().parents[1] / "data" / "sweeps" / "h200_sxm" / "full-1")
+    rows = sweep[(sweep.provider == "torch.sdpa.efficient") & (sweep.status == "ok")].reset_index(drop=True)
+    assert len(rows) == 10
+    predicted = Predictor("h200_sxm").predict_frame(rows.assign(family="attn_prefill")[
+        ["family", "batch", "seq_q", "seq_kv", "heads", "kv_heads", "head_dim", "causal", "window", "dtype",
+         "kv_dtype"]])["predicted_ms"]
+    ratio = float(np.median(rows["latency_ms"] / predicted))
+    assert load_engine("transformers_cb").attention.flat_slowdown == pytest.approx(round(ratio, 1))
 
 
 def test_exact_step_time_is_the_sum_of_kernel_rooflines():

@@ -47,3 +47,33 @@ def test_bad_serve_input_is_one_line(tmp_path, capsys, args, message):
         cli.main(["validate", *args, f"serve.report={tmp_path}/r.md", f"serve.table={tmp_path}/t.csv"])
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_several_runs_are_scored_leave_one_run_out(tmp_path):
+    """Two runs (Llama on an H100, Qwen on an H200): every workload of one run is scored with the host terms
+    fitted on the other run's closed loops alone, which are the terms a validation of that run fits."""
+    qwen = data_dir() / "validation" / "transformers" / "h200_sxm" / "qwen8b-1"
+    both, alone = tmp_path / "both.md", tmp_path / "alone.md"
+    cli.main(["validate", "engine=transformers_cb", f"serve.run=[{RUN},{qwen}]", f"serve.report={both}",
+              f"serve.table={tmp_path}/both.csv"])
+    df = pd.read_csv(tmp_path / "both.csv")
+    assert df.groupby("run").size().to_dict() == {"h100_sxm/llama8b-1": 6, "h200_sxm/qwen8b-1": 3}
+    assert np.isfinite(df[[c for c in df if c.endswith("_heldout")]].to_numpy()).all()
+    cli.main(["validate", "engine=transformers_cb", f"serve.run={RUN}", f"serve.report={alone}",
+              f"serve.table={tmp_path}/alone.csv"])
+    terms = lambda text, name: next(line for line in text.splitlines() if line.startswith(f"- {name}:"))  # noqa: E731
+    assert (terms(both.read_text(), "without h200_sxm/qwen8b-1").split(":")[1]
+            == terms(alone.read_text(), "all closed-loop workloads").split(":")[1])
+    assert "| h200_sxm/qwen8b-1 | 3 |" in both.read_text()  # per-run medians
+
+
+def test_serve_run_all_is_every_committed_run(tmp_path, capsys):
+    from kernelsight.sim.validate.serve import run_dirs
+
+    runs = run_dirs("all")
+    assert RUN in runs and len(runs) >= 3 and all((r / "workloads.json").is_file() for r in runs)
+    with pytest.raises(SystemExit):
+        cli.main(["validate", "engine=transformers_cb", f"serve.run=[{RUN},{RUN}]", f"serve.report={tmp_path}/r.md",
+                  f"serve.table={tmp_path}/t.csv"])
+    err = capsys.readouterr().err
+    assert "a run is given twice" in err and len(err.strip().splitlines()) == 1

@@ -10,10 +10,11 @@ computes it; for closed loops concurrency * osl / (TTFT + (osl - 1) * TPOT) from
 `kernelsight validate` uses for the vLLM rows (measured, simulated and held-out alike).
 
 Host terms (composition.py). A synchronous closed loop's step log is independent of step durations, so
-its means are affine in the host terms: they are fitted on the closed-loop workloads, and each
-closed-loop workload is also scored with terms fitted on the others (leave-one-workload-out; every
-workload of a run is the same model). The Poisson workloads are never fitted on: they are simulated again
-with the terms fitted on all closed-loop workloads and scored as held-out traffic.
+its means are affine in the host terms: they are fitted on the closed-loop workloads of every run given.
+Held out: with several runs (each one model on one GPU), every workload of a run is scored with the terms
+fitted on the other runs' closed loops (leave-one-run-out: another model, or another GPU); with one run,
+each closed loop with the terms fitted on the others (leave-one-workload-out) and the Poisson workloads,
+never fitted on, with the terms fitted on every closed loop.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from omegaconf import OmegaConf
 
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.hardware import load_hardware
-from kernelsight.predictor.paths import conf_dir, read_yaml
+from kernelsight.predictor.paths import conf_dir, data_dir, read_yaml
 from kernelsight.sim.engine_profile import EngineProfile
 from kernelsight.sim.model import load_model
 from kernelsight.sim.simulate import build_setup
@@ -131,19 +132,43 @@ def sim_metrics(summary: dict, w: ServeWorkloadRun) -> tuple[float, float, float
     return ttft, tpot, summary["output_throughput"]
 
 
-def validate_serve(run_dir, engine_map: dict, tier: dict, params, metrics) -> tuple[pd.DataFrame, dict]:
-    """Per-workload table (measured, simulated with the profile's host terms, and held-out: closed loops
-    leave-one-workload-out, Poisson with the terms fitted on every closed loop) and the fitted terms."""
-    env, workloads = load_run(run_dir)
+def run_dirs(run) -> list[Path]:
+    """serve.run as run directories: one path, a list of them, or 'all' (every run under
+    data/validation/transformers/<gpu>/)."""
+    if run == "all":
+        found = sorted(p.parent for p in (data_dir() / "validation" / "transformers").glob("*/*/workloads.json"))
+        if not found:
+            raise KernelsightError("serve.run=all: no bench serve runs under data/validation/transformers/")
+        return found
+    runs = [run] if isinstance(run, (str, Path)) else list(run)
+    if not runs:
+        raise KernelsightError("serve.run: an empty list; give a run directory, a list of them, or all")
+    return [Path(r) for r in runs]
+
+
+def _label(run_dir: Path) -> str:
+    """A run's name in tables: <gpu>/<run_id>."""
+    return f"{run_dir.parent.name}/{run_dir.name}"
+
+
+def validate_serve(runs, engine_map: dict, tier: dict, params, metrics) -> tuple[pd.DataFrame, dict]:
+    """Per-workload table of every run (measured, simulated with the profile's host terms, and held-out:
+    see the module docstring) and the fitted terms."""
     engine = EngineProfile.from_mapping(engine_map, "engine config")
     if engine.host.async_scheduling:
         raise KernelsightError("validate serve needs engine.host.async_scheduling=false (exact host-term fits)")
-    rows, lins, closed = [], [], []
-    for w in workloads:
+    loaded = [(_label(Path(r)), *load_run(r)) for r in runs]
+    labels = [label for label, _, _ in loaded]
+    if len(set(labels)) < len(labels):
+        raise KernelsightError(f"serve.run: a run is given twice ({', '.join(labels)})")
+    rows, lins, closed, envs = [], [], [], []
+    for label, env, w in ((label, env, w) for label, env, workloads in loaded for w in workloads):
         t0 = time.perf_counter()
         recorder, summary, setup = simulate_workload(env, w, engine_map, tier)
         ttft, tpot, thr = sim_metrics(summary, w)
-        rows.append({"workload": w.name, "arrival": w.arrival, "concurrency": w.concurrency, "rate": w.rate,
+        envs.append((env, w))
+        rows.append({"run": label, "workload": w.name, "arrival": w.arrival, "concurrency": w.concurrency,
+                     "rate": w.rate,
                      "shared_prefix": w.shared_prefix, "requests": w.requests,
                      "ttft": w.ttft_ms, "tpot": w.tpot_ms, "throughput": w.throughput,
                      "ttft_simulated": ttft, "tpot_simulated": tpot, "throughput_simulated": thr,
@@ -161,23 +186,27 @@ def validate_serve(run_dir, engine_map: dict, tier: dict, params, metrics) -> tu
     measured = df.loc[closed, ["ttft", "tpot"]].to_numpy()
     theta = comp.fit(lins, measured, params, metrics)
     fits = {"all closed-loop workloads": theta}
-    if len(lins) > 1:
-        held, thetas = comp.leave_one_group_out(lins, measured, list(df.loc[closed, "workload"]), params, metrics)
+    by_run = len(loaded) > 1
+    groups = list(df.loc[closed, "run" if by_run else "workload"])
+    thetas = {}
+    if len(set(groups)) > 1:
+        held, thetas = comp.leave_one_group_out(lins, measured, groups, params, metrics)
         fits.update({f"without {k}": v for k, v in thetas.items()})
         for i, (ttft, tpot) in zip(closed, held):
-            w = workloads[i]
+            w = envs[i][1]
             df.loc[i, ["ttft_heldout", "tpot_heldout", "throughput_heldout"]] = (
                 ttft, tpot, throughput(w.concurrency, w.osl, ttft, tpot))
-    fitted = {**engine_map, "host": {**engine_map["host"], **{k: theta[k] for k in params}}}
-    for i, w in enumerate(workloads):
-        if w.arrival != "closed_loop":
+    for i, (env, w) in enumerate(envs):
+        if w.arrival != "closed_loop":  # a run without closed loops never entered a fit: every one is held out
+            terms = thetas.get(df.loc[i, "run"], theta) if by_run else theta
+            fitted = {**engine_map, "host": {**engine_map["host"], **{k: terms[k] for k in params}}}
             _, summary, _ = simulate_workload(env, w, fitted, tier)
             df.loc[i, ["ttft_heldout", "tpot_heldout", "throughput_heldout"]] = sim_metrics(summary, w)
     return rep.add_errors(df), fits
 
 
 def validate_serve_command(cfg) -> pd.DataFrame:
-    """`kernelsight validate serve.run=DIR engine=transformers_cb`: score, report and write the table."""
+    """`kernelsight validate serve.run=DIR|[DIR,...]|all engine=transformers_cb`: score, report, write the table."""
     from kernelsight.sim.schema import plain
 
     start = time.perf_counter()
@@ -188,34 +217,42 @@ def validate_serve_command(cfg) -> pd.DataFrame:
     target = plain(cfg.tiers).get("target") or {}
     tier = {"tier": str(target.get("predictor_tier", "auto")), "bundle": target.get("bundle")}
     params, metrics = list(serve["fit"]["params"]), list(serve["fit"]["metrics"])
-    df, fits = validate_serve(serve["run"], engine_map, tier, params, metrics)
+    runs = run_dirs(serve["run"])
+    df, fits = validate_serve(runs, engine_map, tier, params, metrics)
     table = rep.write_table(df, serve["table"])
-    lines = [f"# Validation against bench serve runs: {serve['run']}", "",
+    by_run = len(runs) > 1
+    heldout = ("every workload with the terms fitted on the other runs' closed loops (leave-one-run-out)" if by_run
+               else "closed loops with terms fitted without them, Poisson workloads (never fitted on) with the "
+                    "terms fitted on every closed loop")
+    lines = [f"# Validation against bench serve runs: {', '.join(_label(r) for r in runs)}", "",
              f"Engine profile {engine_map['name']}, predictor tier {tier['tier']} (bundle "
              f"{tier['bundle'] or 'shipped'}). Means over every request of a workload (no warm-up excluded: "
              f"bench serve warms the engine before the first workload). Host terms {', '.join(params)} fitted "
              f"on log {' and '.join(m.upper() for m in metrics)} of the closed-loop workloads; 'held-out': "
-             f"closed loops with terms fitted without them, Poisson workloads (never fitted on) with the terms "
-             f"fitted on every closed loop. 'simulated': the profile's own host terms.", "",
-             "| workload | traffic | TTFT ms measured | simulated | held-out | TPOT ms measured | simulated | "
+             f"{heldout}. 'simulated': the profile's own host terms.", "",
+             "| run | workload | traffic | TTFT ms measured | simulated | held-out | TPOT ms measured | simulated | "
              "held-out | throughput tok/s measured | simulated | held-out |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in df.itertuples():
-        traffic = (f"closed loop c={r.concurrency}" if r.arrival == "closed_loop" else f"Poisson {r.rate:g}/s") + \
+        traffic = (f"closed loop c={r.concurrency:g}" if r.arrival == "closed_loop" else f"Poisson {r.rate:g}/s") + \
             (f", shared prefix {r.shared_prefix}" if r.shared_prefix else "")
         cells = []
         for m in ("ttft", "tpot", "throughput"):
             cells += [f"{getattr(r, m):.1f}"] + [
                 f"{getattr(r, f'{m}_{kind}'):.1f} ({getattr(r, f'err_{m}_{kind}'):+.0f}%)"
                 if np.isfinite(getattr(r, f"{m}_{kind}")) else "-" for kind in ("simulated", "heldout")]
-        lines.append(f"| {r.workload} | {traffic} | " + " | ".join(cells) + " |")
-    med = {m: df[f"abs_{m}_heldout"].median() for m in ("ttft", "tpot", "throughput")}
+        lines.append(f"| {r.run} | {r.workload} | {traffic} | " + " | ".join(cells) + " |")
     if not fits:
-        lines += ["", "No closed-loop workload in this run: nothing fitted, no held-out scores (the profile's "
+        lines += ["", "No closed-loop workload in these runs: nothing fitted, no held-out scores (the profile's "
                       "host terms only)."]
     else:
-        lines += ["", "Median absolute held-out error: " + ", ".join(f"{m.upper()} {v:.1f}%" for m, v in med.items()),
-                  "", "Fitted host terms (us):", ""]
+        lines += ["", "Median absolute held-out error, %:", "", "| runs | workloads | TTFT | TPOT | throughput |",
+                  "| --- | --- | --- | --- | --- |"]
+        parts = [("all", df)] + ([(name, part) for name, part in df.groupby("run", sort=False)] if by_run else [])
+        for name, part in parts:
+            lines.append(f"| {name} | {len(part)} | " + " | ".join(
+                f"{part[f'abs_{m}_heldout'].median():.1f}" for m in ("ttft", "tpot", "throughput")) + " |")
+        lines += ["", "Fitted host terms (us):", ""]
     lines += [f"- {name}: " + ", ".join(f"{k} {theta[k]:.0f}" for k in params) for name, theta in fits.items()]
     lines += ["", f"Per-workload table: {table}; {time.perf_counter() - start:.0f} s."]
     report = Path(serve["report"])
