@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from kernelsight.calibrate.commands import calibrate, calibrate_publish
 from kernelsight.predictor.bundle import load_bundle, sha256_file
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.paths import conf_dir
+from kernelsight.predictor.predict import Predictor
 
 from calibrate_synthetic import FAST_LEARNER, write_synthetic
 
@@ -55,6 +57,19 @@ def test_publish_is_byte_identical_for_the_same_inputs(bundle_dir, synthetic, tm
     assert files == sorted(p.relative_to(tmp_path / "b2") for p in (tmp_path / "b2").rglob("*") if p.is_file())
     for rel in files:
         assert (bundle_dir / rel).read_bytes() == (tmp_path / "b2" / rel).read_bytes(), rel
+
+
+def test_uncovered_family_is_roofline_with_one_warning(bundle_dir):
+    """The synthetic bundle holds GEMM models only: a MoE kernel is priced at the roofline, said once."""
+    p = Predictor("h100_sxm", bundle=str(bundle_dir))
+    moe = {"tokens": [64], "experts": [8], "top_k": [2], "hidden": [4096], "intermediate": [14336],
+           "dtype": ["bf16"]}
+    with pytest.warns(UserWarning, match="no moe model"):
+        res = p.estimate("moe", moe)
+    assert res["eta"][0] == 1 and res["tier"][0] == "roofline"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p.estimate("moe", moe)  # warned once per family
 
 
 def test_manifest_states_what_the_bundle_is(bundle_dir):
