@@ -161,12 +161,12 @@ def validate_serve(runs, engine_map: dict, tier: dict, params, metrics) -> tuple
     labels = [label for label, _, _ in loaded]
     if len(set(labels)) < len(labels):
         raise KernelsightError(f"serve.run: a run is given twice ({', '.join(labels)})")
-    rows, lins, closed, envs = [], [], [], []
-    for label, env, w in ((label, env, w) for label, env, workloads in loaded for w in workloads):
+    rows, lins, closed, replays = [], [], [], []  # replays: (run.json, workload) per row
+    for label, env, w in [(label, env, w) for label, env, workloads in loaded for w in workloads]:
         t0 = time.perf_counter()
         recorder, summary, setup = simulate_workload(env, w, engine_map, tier)
         ttft, tpot, thr = sim_metrics(summary, w)
-        envs.append((env, w))
+        replays.append((env, w))
         rows.append({"run": label, "workload": w.name, "arrival": w.arrival, "concurrency": w.concurrency,
                      "rate": w.rate,
                      "shared_prefix": w.shared_prefix, "requests": w.requests,
@@ -193,10 +193,10 @@ def validate_serve(runs, engine_map: dict, tier: dict, params, metrics) -> tuple
         held, thetas = comp.leave_one_group_out(lins, measured, groups, params, metrics)
         fits.update({f"without {k}": v for k, v in thetas.items()})
         for i, (ttft, tpot) in zip(closed, held):
-            w = envs[i][1]
+            w = replays[i][1]
             df.loc[i, ["ttft_heldout", "tpot_heldout", "throughput_heldout"]] = (
                 ttft, tpot, throughput(w.concurrency, w.osl, ttft, tpot))
-    for i, (env, w) in enumerate(envs):
+    for i, (env, w) in enumerate(replays):
         if w.arrival != "closed_loop":  # a run without closed loops never entered a fit: every one is held out
             terms = thetas.get(df.loc[i, "run"], theta) if by_run else theta
             fitted = {**engine_map, "host": {**engine_map["host"], **{k: terms[k] for k in params}}}
