@@ -53,9 +53,10 @@ def learner_settings(cfg: DictConfig) -> dict:
     for key in learner:
         if key not in known:
             raise KernelsightError(f"learner.{key}: unknown setting; known: {', '.join(sorted(known))}")
-    bad = [t for t in learner.get("linear_tiers") or () if t not in TIERS]
-    if bad:
-        raise KernelsightError(f"learner.linear_tiers: {bad[0]!r} is not a tier ({', '.join(TIERS)})")
+    for key in ("linear_tiers", "gap_tiers"):
+        bad = [t for t in learner.get(key) or () if t not in TIERS]
+        if bad:
+            raise KernelsightError(f"learner.{key}: {bad[0]!r} is not a tier ({', '.join(TIERS)})")
     return learner
 
 

@@ -1,6 +1,7 @@
 """η estimators with sklearn habits: parameters in the constructor, fit(), predict() -> η.
 
-EtaRegressor is the learner (LightGBM on log η, deterministic); its predict()
+EtaRegressor is the learner (LightGBM on log η, or on log of the time above the
+roofline for the tiers in gap_tiers; deterministic); its predict()
 goes through the predictor's EtaModel built from the model text it would
 publish, so what is evaluated is byte for byte what ships. The baselines are
 what every model is reported beside: plain roofline (η = 1) and one constant
@@ -15,7 +16,7 @@ from typing import TypeVar
 import numpy as np
 import pandas as pd
 
-from kernelsight.predictor.bundle import EtaModel
+from kernelsight.predictor.bundle import ETA_TARGET, GAP_TARGET, T_ROOF_FEATURE, EtaModel
 from kernelsight.predictor.features import features
 
 # Deterministic LightGBM settings: fixed seeds and threads, row-wise histograms.
@@ -33,6 +34,9 @@ TRAINING_ONLY = ("split_gain", "leaf_weight", "leaf_count", "internal_value", "i
 # it by under 2e-7 and are written as 0. A linear leaf's values are grouped by double spaces, kept as they are.
 ROUNDED = {"threshold": 10, "leaf_value": 10, "leaf_const": 10, "leaf_coeff": 6}
 NEGLIGIBLE_COEFF = 1e-9
+# A gap model's rows at or below the roofline (η < 1 + MIN_GAP) learn a gap of MIN_GAP roofline times: the
+# log needs a positive gap, and predictions stay at or above the roofline.
+MIN_GAP = 0.02
 T = TypeVar("T")
 
 
@@ -74,12 +78,13 @@ class EtaRegressor:
 
     def __init__(self, family: str, tier: str, device: str | None = None, num_trees: int = 100,
                  learning_rate: float = 0.2, num_leaves: int = 31, min_data_in_leaf: int = 20,
-                 linear_tiers: tuple = (), linear_lambda: float = 0.0,
+                 linear_tiers: tuple = (), linear_lambda: float = 0.0, gap_tiers: tuple = (),
                  objective: str = "regression", num_threads: int = 1, seed: int = 0, eta_floor: float = 1.0):
         self.family, self.tier, self.device = family, tier, device
         self.num_trees, self.learning_rate, self.num_leaves = num_trees, learning_rate, num_leaves
         self.min_data_in_leaf, self.objective = min_data_in_leaf, objective
         self.linear_tiers, self.linear_lambda = tuple(linear_tiers), float(linear_lambda)
+        self.gap_tiers = tuple(gap_tiers)
         self.num_threads, self.seed, self.eta_floor = num_threads, seed, eta_floor
 
     def _lgb_params(self) -> dict:
@@ -100,8 +105,13 @@ class EtaRegressor:
             raise ValueError(f"{self.family}/{self.tier}: {x.shape[1]} feature columns, expected {len(names)}")
         if len(eta) == 0 or not np.all(eta > 0):
             raise ValueError(f"{self.family}/{self.tier}: need positive η values to fit")
-        data = lgb.Dataset(x, label=np.log(eta), feature_name=names, params={"verbosity": -1},
-                           free_raw_data=True)
+        target = GAP_TARGET if self.tier in self.gap_tiers else ETA_TARGET
+        if target == GAP_TARGET:
+            t_roof_us = np.exp2(x[:, names.index(T_ROOF_FEATURE)])
+            label = np.log(np.maximum(eta - 1.0, MIN_GAP) * t_roof_us)
+        else:
+            label = np.log(eta)
+        data = lgb.Dataset(x, label=label, feature_name=names, params={"verbosity": -1}, free_raw_data=True)
         booster = lgb.train(self._lgb_params(), data, num_boost_round=self.num_trees)
         self.model_text_ = compact_model_text(booster.model_to_string())
         self.card_ = {
@@ -115,7 +125,7 @@ class EtaRegressor:
             "eta_floor": self.eta_floor,
             "eta_train": [float(eta.min()), float(np.median(eta)), float(eta.max())],
             "rows": int(len(eta)),
-            "learner": {"library": "lightgbm", "target": "log eta", **self._lgb_params(),
+            "learner": {"library": "lightgbm", "target": target, **self._lgb_params(),
                         "num_trees": self.num_trees},
             **(provenance or {}),
         }

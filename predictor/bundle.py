@@ -6,7 +6,8 @@ Layout (written by kernelsight.calibrate.bundle.publish):
                                       training_data (file, sha256, rows, sweeps),
                                       devices, families, features, metrics,
                                       libraries, models, files (path -> sha256)
-    models/target/<device>/<family>.txt   LightGBM model text (predicts log η)
+    models/target/<device>/<family>.txt   LightGBM model text (predicts log η, or log of the time
+                                      above the roofline: the card's learner.target)
     models/target/<device>/<family>.json  its card: features, training ranges, categories
     models/cross/<family>.txt|.json       the cross-device tier
 
@@ -33,7 +34,13 @@ from .features import feature_names, features
 from .paths import data_dir
 
 FORMAT = "kernelsight.eta-bundle"
-SCHEMA_VERSION = 1
+# 2: a model may learn the time above the roofline instead of η (card learner.target, GAP_TARGET); a reader of
+# schema 1 would take its output for log η, so it must refuse such a bundle.
+SCHEMA_VERSION = 2
+# What a model's raw output is the log of (its card's learner.target).
+ETA_TARGET = "log eta"
+GAP_TARGET = "log gap_us"  # t - t_roof in microseconds: eta = 1 + gap / t_roof
+T_ROOF_FEATURE = "log2_t_roof_us"  # every family's feature from which a gap model's η is formed
 MANIFEST = "manifest.json"
 REQUIRED_KEYS = ("format", "schema_version", "code_version", "created", "training_data", "devices",
                  "families", "features", "metrics", "libraries", "models", "files")
@@ -112,12 +119,14 @@ class BoosterText:
 # -- one fitted η model -------------------------------------------------------------------
 
 class EtaModel:
-    """A LightGBM model of log η plus its card; eta() clamps inputs to the training range.
+    """A LightGBM model of log η (or of log gap above the roofline) plus its card; eta() clamps inputs to the
+    training range.
 
     card: tier, family, device (None for cross), features (names, in order),
     ranges {name: [lo, hi]} of numeric features, categories {name: [values]}
     of categorical ones, nan (features that had NaN in training), eta_floor,
-    rows, devices (training rows per GPU), sweeps.
+    learner.target (ETA_TARGET or GAP_TARGET; absent: ETA_TARGET), rows,
+    devices (training rows per GPU), sweeps.
     """
 
     def __init__(self, text: str, card: dict, where: str):
@@ -152,6 +161,14 @@ class EtaModel:
                 from None
         self._nan_flag = np.asarray([names[j] not in nan_ok for j in range(len(names))])
         self.eta_floor = float(card.get("eta_floor", 1.0))
+        learner = card.get("learner")
+        self.target = learner.get("target", ETA_TARGET) if isinstance(learner, dict) else ETA_TARGET
+        if self.target not in (ETA_TARGET, GAP_TARGET):
+            raise KernelsightError(f"{where}: model learns {self.target!r}, which this kernelsight cannot turn into "
+                                   f"η (it reads {ETA_TARGET!r} and {GAP_TARGET!r}); upgrade kernelsight")
+        if self.target == GAP_TARGET and T_ROOF_FEATURE not in names:
+            raise KernelsightError(f"{where}: a {GAP_TARGET!r} model needs the feature {T_ROOF_FEATURE}")
+        self._t_roof = names.index(T_ROOF_FEATURE) if self.target == GAP_TARGET else None
 
     @property
     def label(self) -> str:
@@ -176,13 +193,16 @@ class EtaModel:
         """(η, extrapolated flag) per row of the feature matrix x; numeric inputs clamped to training.
 
         η is floored at the card's eta_floor (1: never faster than the roofline);
-        floor=False is for evaluation only, to show what the floor costs.
+        floor=False is for evaluation only, to show what the floor costs. A gap model's time above the
+        roofline is added to the row's own roofline (not the clamped one): η = 1 + gap / t_roof.
         """
         flag = self.out_of_range(x)
+        clamped = x
         if flag.any():
-            x = x.copy()
-            x[:, self._numeric] = np.clip(x[:, self._numeric], self._lo, self._hi)
-        eta = np.exp(self.booster.predict(x))
+            clamped = x.copy()
+            clamped[:, self._numeric] = np.clip(x[:, self._numeric], self._lo, self._hi)
+        raw = np.exp(self.booster.predict(clamped))
+        eta = raw if self._t_roof is None else 1.0 + raw / np.exp2(x[:, self._t_roof])
         return (np.maximum(eta, self.eta_floor) if floor else eta), flag
 
 

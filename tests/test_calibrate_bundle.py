@@ -75,7 +75,7 @@ def test_uncovered_family_is_roofline_with_one_warning(bundle_dir):
 def test_manifest_states_what_the_bundle_is(bundle_dir):
     b = load_bundle(bundle_dir)
     m = b.manifest
-    assert m["schema_version"] == 1 and m["created"] == PINNED and m["code_version"]
+    assert m["schema_version"] == 2 and m["created"] == PINNED and m["code_version"]
     assert {d["file"] for d in m["training_data"]} == {"h100_sxm.parquet", "a100_sxm.parquet", "l40s.parquet"}
     assert all(len(d["sha256"]) == 64 for d in m["training_data"])
     assert set(m["models"]) == {"cross/gemm", "target/a100_sxm/gemm", "target/h100_sxm/gemm", "target/l40s/gemm"}
@@ -128,6 +128,8 @@ def test_newer_schema_and_foreign_paths_are_refused(bundle_dir, tmp_path):
     with pytest.raises(KernelsightError) as e:
         load_bundle(b)
     assert "schema_version 99 is newer" in _one_line(e)
+    _rewrite_manifest(b, lambda m: m.update(schema_version=1))  # before gap models: still read
+    assert load_bundle(b).model("target", "gemm", "h100_sxm").target == "log eta"
     b2 = tmp_path / "b2"
     shutil.copytree(bundle_dir, b2)
     _rewrite_manifest(b2, lambda m: m["files"].update({"../outside.txt": "0" * 64}))
@@ -185,6 +187,7 @@ def test_shipped_bundle_loads_without_torch_sklearn_or_calibrate():
 @pytest.mark.parametrize("override, message", [
     ("+learner.num_leafs=8", "learner.num_leafs: unknown setting; known: eta_floor"),
     ("learner.linear_tiers=[targt]", "learner.linear_tiers: 'targt' is not a tier (target, cross)"),
+    ("learner.gap_tiers=[crosss]", "learner.gap_tiers: 'crosss' is not a tier (target, cross)"),
     ("jobs=0", "jobs=0: must be an integer >= 1 (models fitted at once)"),
     ("jobs=two", "jobs='two': must be an integer >= 1 (models fitted at once)"),
 ])
@@ -201,6 +204,10 @@ def test_bad_learner_setting_is_one_line(synthetic, tmp_path, override, message)
 def test_manifest_records_the_learner_it_was_fitted_with(bundle_dir):
     manifest = json.loads((bundle_dir / "manifest.json").read_text())
     assert manifest["learner"]["linear_tiers"] == ["target"] and manifest["learner"]["num_trees"] == 40
+    assert manifest["learner"]["gap_tiers"] == ["cross"]
+    cards = {key: json.loads((bundle_dir / entry["card"]).read_text()) for key, entry in manifest["models"].items()}
+    assert cards["cross/gemm"]["learner"]["target"] == "log gap_us"
+    assert cards["target/h100_sxm/gemm"]["learner"]["target"] == "log eta"
     assert manifest["rules"]["prefer_providers"]["kv_write"] == ["triton.reshape_and_cache"]
     text = (bundle_dir / manifest["models"]["target/h100_sxm/gemm"]["model"]).read_text()
     assert "is_linear=1" in text

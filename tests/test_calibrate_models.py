@@ -8,6 +8,7 @@ import pytest
 from kernelsight.calibrate.evaluate import build_blocks, evaluate_target, group_folds, group_ids, metrics
 from kernelsight.calibrate.models import ConstantEtaBaseline, EtaRegressor, RooflineBaseline
 from kernelsight.calibrate.rows import choose_sweeps, select, split_sweep_id, with_eta
+from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.features import feature_matrix
 from kernelsight.predictor.hardware import load_hardware
 
@@ -38,6 +39,38 @@ def test_predictions_are_floored_at_one_and_the_floor_is_visible():
     floored, raw = model.predict(x), model.predict(x, floor=False)
     assert floored.min() == 1.0 and raw.min() < 0.9
     assert np.all(floored == np.maximum(raw, 1.0))
+
+
+def test_a_gap_model_learns_the_time_above_the_roofline():
+    """gap_tiers: the model's output is log(t - t_roof) in us, turned into η = 1 + gap / t_roof on the row's own
+    roofline; rows below the roofline learn a gap of MIN_GAP roofline times, so η stays >= 1 without the floor."""
+    from kernelsight.calibrate.models import MIN_GAP
+    from kernelsight.predictor.features import feature_names
+    df = gemm_rows("h100_sxm")
+    cols = {c: df[c].to_numpy() for c in ("m", "n", "k", "dtype")}
+    x = feature_matrix("gemm", "cross", cols, H100)
+    eta = with_eta(df)["eta"].to_numpy()
+    gap = EtaRegressor("gemm", "cross", gap_tiers=("cross",), **FAST_LEARNER).fit(x, eta)
+    assert gap.card_["learner"]["target"] == "log gap_us"
+    t_roof_us = np.exp2(x[:, feature_names("gemm", "cross").index("log2_t_roof_us")])
+    raw = np.exp(gap.model_.booster.predict(x))
+    assert np.allclose(gap.predict(x, floor=False), 1 + raw / t_roof_us)
+    assert np.median(np.abs(gap.predict(x) / eta - 1)) < 0.05
+    fast = EtaRegressor("gemm", "cross", gap_tiers=("cross",), **FAST_LEARNER).fit(x, eta * 0.5)
+    assert fast.predict(x, floor=False).min() >= 1 + 0.5 * MIN_GAP
+    plain = EtaRegressor("gemm", "cross", gap_tiers=("target",), **FAST_LEARNER).fit(x, eta)
+    assert plain.card_["learner"]["target"] == "log eta"  # only the tiers named learn the gap
+
+
+def test_a_model_of_an_unknown_target_is_refused_in_one_line():
+    from kernelsight.predictor.bundle import EtaModel
+    df = gemm_rows("h100_sxm")
+    x, eta, model = _fit(df)
+    card = {**model.card_, "learner": {**model.card_["learner"], "target": "log latency_ms"}}
+    with pytest.raises(KernelsightError) as e:
+        EtaModel(model.model_text_, card, "cards/gemm.json")
+    assert str(e.value) == ("cards/gemm.json: model learns 'log latency_ms', which this kernelsight cannot turn "
+                            "into η (it reads 'log eta' and 'log gap_us'); upgrade kernelsight")
 
 
 def test_inputs_outside_the_training_range_are_clamped_and_flagged():
