@@ -6,8 +6,8 @@ Layout (written by kernelsight.calibrate.bundle.publish):
                                       training_data (file, sha256, rows, sweeps),
                                       devices, families, features, metrics,
                                       libraries, models, files (path -> sha256)
-    models/target/<device>/<family>.txt   LightGBM model text (predicts log η, or log of the time
-                                      above the roofline: the card's learner.target)
+    models/target/<device>/<family>.txt   LightGBM model text (its card's learner.target says what it
+                                      predicts: log η, or log of the time above the roofline)
     models/target/<device>/<family>.json  its card: features, training ranges, categories
     models/cross/<family>.txt|.json       the cross-device tier
 
