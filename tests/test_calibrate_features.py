@@ -100,6 +100,7 @@ def test_unknown_catalog_values_are_nan_not_a_guess():
 
 
 def test_every_family_has_named_documented_features():
+    from kernelsight.predictor.bundle import T_ROOF_FEATURE
     from kernelsight.predictor.families import REGISTRY
 
     for family in REGISTRY:
@@ -107,6 +108,7 @@ def test_every_family_has_named_documented_features():
             spec = describe(family, tier)
             names = [s["name"] for s in spec]
             assert len(names) == len(set(names)) and all(s["doc"] for s in spec)
+            assert T_ROOF_FEATURE in names  # a gap model (predictor/bundle.py) forms η from it
 
 
 def test_bad_shapes_fail_with_one_line():
