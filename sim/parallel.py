@@ -57,10 +57,6 @@ class ParallelConfig:
     @classmethod
     def from_mapping(cls, data: Any, source: str = "<mapping>") -> "ParallelConfig":
         values = check(data, _FIELDS, source)
-        if values["net_gbs_per_gpu"] <= 0:
-            raise KernelsightError(f"{source}: field 'net_gbs_per_gpu' = {values['net_gbs_per_gpu']} must be > 0 "
-                                   f"(GB/s per GPU and direction of the scale-out network, e.g. 50 for one "
-                                   f"400 Gb/s NIC per GPU)")
         if values["tp"] % values["ep"]:
             raise KernelsightError(f"{source}: field 'ep' = {values['ep']} must divide tp = {values['tp']} "
                                    f"(experts are split over the GPUs of one tensor-parallel group)")
@@ -75,7 +71,7 @@ _FIELDS = {
     "dp": Spec("pos", default=1),
     "link": Spec("choice", default="nvlink", choices=LINKS),
     "pp_link": Spec("choice", default="nvlink", choices=LINKS),
-    "net_gbs_per_gpu": Spec("number", default=NET_GBS_PER_GPU),
+    "net_gbs_per_gpu": Spec("positive", default=NET_GBS_PER_GPU),
 }
 
 

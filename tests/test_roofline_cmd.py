@@ -92,7 +92,7 @@ def test_network_hops_follow_the_layouts_stated_scale_out_bandwidth(capsys, tmp_
     out = run(capsys, "model=llama3.1-70b", "parallel=tp8_pp2", "parallel.net_gbs_per_gpu=12.5")
     hop = table_rows(out, "kernel ")["pp_sendrecv"]  # decode step: 64 tokens x (hidden + residual) of 8192 bf16
     assert float(hop[hop.index("link") + 1]) == pytest.approx(10 + 64 * 2 * 8192 * 2 / 12.5e3, abs=0.5)  # printed 178
-    assert "'net_gbs_per_gpu' = 0.0 must be > 0" in fails(capsys, "parallel.net_gbs_per_gpu=0")
+    assert "'net_gbs_per_gpu' = 0: must be > 0" in fails(capsys, "parallel.net_gbs_per_gpu=0")
 
 
 def test_sweep_mode_prints_eta_per_row_and_writes_every_row(capsys, tmp_path):
