@@ -143,8 +143,14 @@ class Predictor:
 
     def latency(self, family: str, cols: Mapping) -> np.ndarray:
         """Predicted seconds for each kernel described by `cols` (one family)."""
+        return self.priced(family, cols)["seconds"]
+
+    def priced(self, family: str, cols: Mapping) -> dict:
+        """estimate() of each kernel (η, tier, model, extrapolated) plus its predicted 'seconds'."""
         roof = roofline_columns(family, cols, self.hw)
-        return roof["t_roof"] * self.eta(family, cols, roof)
+        out = self.estimate(family, cols, roof)
+        out["seconds"] = roof["t_roof"] * out["eta"]
+        return out
 
     def predict_frame(self, df: pd.DataFrame) -> pd.DataFrame:
         """Roofline (s), η, predicted latency (ms), tier, model and extrapolated flag per row (any families)."""

@@ -281,6 +281,11 @@ class StepPricer:
     # -- predictor calls ---------------------------------------------------------------------
     def _price(self, calls: list[KernelCall]) -> list[np.ndarray]:
         """Seconds per row of every call (times its scale): one predictor call per family over all their rows."""
+        return [p["seconds"] for p in self._priced(calls)]
+
+    def _priced(self, calls: list[KernelCall]) -> list[dict]:
+        """Per call: 'seconds' per row (times its scale) and each row's 'tier', 'model' and 'extrapolated'
+        flag (the engine's all-reduce models show as tier 'engine')."""
         out: list = [None] * len(calls)
         by_family: dict[str, list[int]] = {}
         for i, call in enumerate(calls):
@@ -288,23 +293,54 @@ class StepPricer:
         for family, idx in by_family.items():
             parts = [calls[i].columns() for i in idx]
             cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-            seconds = np.asarray(self.predictor.latency(family, cols), dtype=np.float64)
+            priced = self.predictor.priced(family, cols)
+            seconds, tier, model = np.asarray(priced["seconds"], dtype=np.float64), priced["tier"], priced["model"]
+            extrapolated = priced["extrapolated"]
             if family == "allreduce":
-                seconds = self._allreduce_flavour(cols, seconds)
+                seconds, engine_model = self._allreduce_flavour(cols, seconds)
+                by_engine = engine_model != ""
+                tier, model = np.where(by_engine, "engine", tier), np.where(by_engine, engine_model, model)
+                extrapolated = extrapolated & ~by_engine
             start = 0
             for i in idx:
-                n = calls[i].num_rows
-                out[i] = seconds[start:start + n] * calls[i].scale
-                start += n
+                rows = slice(start, start + calls[i].num_rows)
+                out[i] = {"seconds": seconds[rows] * calls[i].scale, "tier": tier[rows], "model": model[rows],
+                          "extrapolated": extrapolated[rows]}
+                start = rows.stop
         return out
 
-    def _allreduce_flavour(self, cols: dict, nccl_s: np.ndarray) -> np.ndarray:
+    def pricing_sources(self, batches) -> list[dict]:
+        """What priced the kernels of these steps, as they run: per family and (tier, model), their kernel
+        seconds, the share of the family's kernel time, and the share of that time whose kernels lie
+        outside the model's training range (features clamped or unknown: the predictor's 'extrapolated')."""
+        calls = [c for b in batches if b.num_tokens
+                 for c in step_kernels(self.model, b, self.parallel, self.engine,
+                                       padded_tokens=self._graph_mode(b)[1])]
+        time: dict[tuple, list[float]] = {}
+        for call, p in zip(calls, self._priced(calls)):
+            seconds = call.count * p["seconds"]
+            for tier, model in dict.fromkeys(zip(p["tier"].tolist(), p["model"].tolist())):
+                rows = (p["tier"] == tier) & (p["model"] == model)
+                acc = time.setdefault((call.family, tier, model), [0.0, 0.0])
+                acc[0] += float(seconds[rows].sum())
+                acc[1] += float(seconds[rows & p["extrapolated"]].sum())
+        family_s: dict[str, float] = {}
+        for (family, _, _), (s, _) in time.items():
+            family_s[family] = family_s.get(family, 0.0) + s
+        return [{"family": f, "tier": t, "model": m, "kernel_s": s,
+                 "time_share": s / family_s[f] if family_s[f] else 0.0,
+                 "outside_training_range": x / s if s else 0.0}
+                for (f, t, m), (s, x) in sorted(time.items(), key=lambda kv: (kv[0][0], -kv[1][0]))]
+
+    def _allreduce_flavour(self, cols: dict, nccl_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """All-reduces over NVLink as vLLM runs them (engine `allreduce` section): its measured all-reduce
         where the rows cover the message, else its custom kernel's latency-bandwidth model below the
-        size limit; the rest keep the predictor's (NCCL-fitted) time."""
+        size limit; the rest keep the predictor's (NCCL-fitted) time. Also returns, per row, the engine
+        model that replaced the predictor's price ('' where it stands)."""
         settings = self.engine.allreduce
+        engine_model = np.full(len(nccl_s), "", dtype=object)
         if not self.hw.nvlink_gbs_per_dir:
-            return nccl_s
+            return nccl_s, engine_model
         world = np.asarray(cols["world_size"], dtype=np.int64)
         msg = np.asarray(cols["msg_bytes"], dtype=np.float64)
         nvlink = np.asarray(cols["link"]) == "nvlink"
@@ -317,10 +353,13 @@ class StepPricer:
                 custom_s = (settings.custom_alpha_us * US
                             + bus / (settings.custom_bus_efficiency * self.hw.link_bw("nvlink")))
                 out = np.where(custom, custom_s, out)
+                engine_model[custom] = "vLLM custom all-reduce model"
         if self.measured_allreduce is not None:
             measured_s = self.measured_allreduce.seconds(msg, world)
-            out = np.where(nvlink & np.isfinite(measured_s), measured_s, out)
-        return out
+            covered = nvlink & np.isfinite(measured_s)
+            out = np.where(covered, measured_s, out)
+            engine_model[covered] = f"vLLM all-reduce measured on {self.measured_allreduce.device}"
+        return out, engine_model
 
     def _exact(self, call: KernelCall) -> float:
         return float(self._price([call])[0].sum())

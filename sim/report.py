@@ -141,14 +141,25 @@ def step_kind(batch) -> str:
     return "prefill" if batch.prefill_new else "decode"
 
 
+SAMPLE_STEPS = 64  # steps, evenly spread over a run, whose kernels are re-priced to say what priced them
+
+
 class BreakdownAccumulator:
     """GPU seconds per kernel family by step kind, and per phase, summed over every step's breakdown."""
 
-    def __init__(self):
+    def __init__(self, sample_steps: int = SAMPLE_STEPS):
         self.family = {kind: {} for kind in STEP_KINDS}
         self.phase: dict[str, float] = {}
+        self.sample_steps = sample_steps
+        self.sample: list = []  # every stride-th step's batch, stride doubling to keep at most 2 x sample_steps
+        self._stride, self._steps = 1, 0
 
     def add(self, batch, parts: dict) -> None:
+        if self._steps % self._stride == 0:
+            self.sample.append(batch)
+            if len(self.sample) >= 2 * self.sample_steps:
+                self.sample, self._stride = self.sample[::2], 2 * self._stride
+        self._steps += 1
         acc = self.family[step_kind(batch)]
         for name, seconds in parts["family"].items():
             acc[name] = acc.get(name, 0.0) + seconds
@@ -263,8 +274,10 @@ def _fmt(value) -> str:
     return str(value)
 
 
-def format_summary(summary: dict, title: str, acc: BreakdownAccumulator | None = None) -> str:
-    """`vllm bench serve`-style result block, plus engine statistics and the kernel breakdown."""
+def format_summary(summary: dict, title: str, acc: BreakdownAccumulator | None = None,
+                   sources: list[dict] | None = None) -> str:
+    """`vllm bench serve`-style result block, plus engine statistics, the kernel breakdown and what
+    priced the kernels (sources: StepPricer.pricing_sources())."""
     width = 50
     lines = ["{s:{c}^{n}}".format(s=" Serving Simulation Result ", n=width, c="="), title]
 
@@ -313,5 +326,17 @@ def format_summary(summary: dict, title: str, acc: BreakdownAccumulator | None =
             for family, r in df.head(10).iterrows():
                 lines.append(f"{family:<16}{100 * r['share']:>7.1f}%{r['prefill']:>9.2f}{r['decode']:>9.2f}"
                              f"{r['mixed']:>9.2f}")
+    if sources:
+        section("Priced by (share of family time)")
+        shown = False  # an extrapolated share printed (0.5 % or more)
+        for family in dict.fromkeys(s["family"] for s in sources):
+            for i, s in enumerate(r for r in sources if r["family"] == family):
+                outside = round(100 * s["outside_training_range"])
+                shown |= outside > 0
+                lines.append(f"{family if i == 0 else '':<16}{100 * s['time_share']:>5.1f}%  {s['tier']}: "
+                             f"{s['model']}" + (f", {outside}% extrapolated" if outside else ""))
+        if shown:
+            lines.append("extrapolated: of that time, kernels with a feature outside the model's training "
+                         "range (clamped to it) or unknown to the GPU catalog")
     lines.append("=" * width)
     return "\n".join(lines)

@@ -152,13 +152,14 @@ def simulate(cfg) -> dict:
         print(f"kernelsight simulate: warning: {message}", file=sys.stderr)
 
     title = setup.describe()
-    print(format_summary(summary, title, engine.breakdown))
+    sources = setup.pricer.pricing_sources(engine.breakdown.sample) if engine.breakdown is not None else []
+    print(format_summary(summary, title, engine.breakdown, sources))
     print(f"simulated {summary['completed'] + summary['failed']} requests in {summary['wall_s']:.2f} s of wall time "
           f"({(summary['completed'] + summary['failed']) / summary['wall_s']:.0f} requests/s)")
     if out_dir is not None:
         write_breakdown(engine.breakdown, out_dir / "breakdown.csv")
         with open(out_dir / "summary.json", "w") as f:
-            json.dump({"setup": title, **summary}, f, indent=1, default=float)
+            json.dump({"setup": title, **summary, "pricing_sources": sources}, f, indent=1, default=float)
         if cfg.plots:
             write_plots(out_dir, engine.metrics, engine.breakdown)
         print(f"outputs in {out_dir}/: requests.parquet, steps.parquet, breakdown.csv, trace.json, "

@@ -321,3 +321,24 @@ def test_pricing_is_fast_enough_for_20k_steps():
             p.step_time(batch)
     per_step = (time.perf_counter() - start) / (10 * len(batches))
     assert per_step < 100e-6, f"{per_step * 1e6:.1f} us per step"
+
+
+def test_pricing_sources_say_what_priced_each_familys_time_and_how_much_extrapolated():
+    engine = load_engine("vllm_v1")
+    batch = StepBatch(prefill_new=(700,), prefill_ctx=(0,), decode_ctx=tuple(range(500, 532)), prefill_sampled=1)
+    tp8 = StepPricer(load_model("llama3.1-70b"), H100, engine, load_parallel("tp8"), Predictor(H100))
+    sources = tp8.pricing_sources([batch, batch])
+    by = {(s["family"], s["tier"], s["model"]): s for s in sources}
+    assert by[("gemm", "target", "target/h100_sxm/gemm")]["time_share"] == 1.0
+    assert by[("allreduce", "engine", "vLLM all-reduce measured on h100_sxm")]["time_share"] == 1.0
+    for family in {s["family"] for s in sources}:
+        assert sum(s["time_share"] for s in sources if s["family"] == family) == pytest.approx(1.0)
+    # kernel seconds are the step's, as priced exactly (two copies of the batch: twice its kernels)
+    kernels = tp8.kernels(batch)
+    assert sum(s["kernel_s"] for s in sources) == pytest.approx(2 * sum(k.total_s for k in kernels))
+    # a GPU the catalog knows only partly (GB300: no clock, no L2) is priced by the cross tier, extrapolated
+    gb300 = load_hardware("gb300")
+    cross = StepPricer(load_model("llama3.1-8b"), gb300, engine, load_parallel("default"), Predictor(gb300))
+    for s in cross.pricing_sources([batch]):
+        assert (s["tier"], s["model"], s["outside_training_range"]) == ("cross", f"cross/{s['family']}", 1.0)
+    assert tp8.pricing_sources([]) == []

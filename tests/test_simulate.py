@@ -12,8 +12,10 @@ from hydra import compose, initialize_config_dir
 
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.paths import conf_dir
+from kernelsight.sim.batch import StepBatch
 from kernelsight.sim.engine import Engine, build_replicas
 from kernelsight.sim.pricing import StepTime
+from kernelsight.sim.report import BreakdownAccumulator
 from kernelsight.sim.scheduler import SchedulerConfig
 from kernelsight.sim.simulate import append_result, simulate
 from kernelsight.sim.workload import Workload, WorkloadConfig
@@ -152,7 +154,11 @@ def test_simulate_with_the_real_pricer_writes_every_output(tmp_path, capsys):
     assert {"qkv_proj", "o_proj", "down_proj"} <= {e["name"] for e in kernels}
     breakdown = pd.read_csv(out / "breakdown.csv", comment="#", index_col="family")
     assert breakdown.loc["gemm", "share"] > 0.5 and breakdown["share"].sum() == pytest.approx(1.0)
-    assert json.loads((out / "summary.json").read_text())["completed"] == 40
+    written = json.loads((out / "summary.json").read_text())
+    assert written["completed"] == 40
+    assert "Priced by (share of family time)" in text and "target: target/h100_sxm/gemm" in text
+    gemm = [s for s in written["pricing_sources"] if s["family"] == "gemm"]
+    assert [(s["tier"], s["model"], s["time_share"]) for s in gemm] == [("target", "target/h100_sxm/gemm", 1.0)]
     for png in ("latency_cdf.png", "timeline.png", "breakdown.png"):
         assert (out / png).stat().st_size > 10_000
 
@@ -208,6 +214,17 @@ def test_help_describes_the_command():
     assert done.returncode == 0
     assert "kernelsight simulate: how fast does a model serve" in done.stdout
     assert "workload: " in done.stdout and "sharegpt" in done.stdout
+
+
+def test_breakdown_keeps_an_even_sample_of_steps_within_its_bounds():
+    acc = BreakdownAccumulator(sample_steps=8)
+    batches = [StepBatch(decode_ctx=(i + 1,)) for i in range(1000)]
+    for i, batch in enumerate(batches):
+        acc.add(batch, {"family": {"gemm": 1.0}, "phase": {"decode": 1.0}})
+        assert len(acc.sample) < 16 and (i < 8 or len(acc.sample) >= 8)
+    kept = [b.decode_ctx[0] - 1 for b in acc.sample]
+    stride = kept[1] - kept[0]
+    assert kept == list(range(0, 1000, stride)) and stride == 128  # every 128th step: 8 of 1000
 
 
 def test_streaming_percentiles_match_exact_ones():

@@ -311,7 +311,8 @@ def test_custom_allreduce_below_the_size_limit_nccl_above():
     cols = {"msg_bytes": np.array([4096.0, limit - 16, limit, 8 * limit]), "world_size": np.array([8] * 4),
             "link": np.array(["nvlink"] * 4, dtype=object), "dtype": np.array(["bf16"] * 4, dtype=object)}
     nccl = Predictor(hw, tier="roofline").latency("allreduce", cols)
-    got = pricer._allreduce_flavour(cols, nccl)
+    got, by = pricer._allreduce_flavour(cols, nccl)
+    assert by.tolist() == ["vLLM custom all-reduce model"] * 2 + ["", ""]
     bus = cols["msg_bytes"] * 2 * 7 / 8
     custom = ar.custom_alpha_us * 1e-6 + bus / (ar.custom_bus_efficiency * hw.link_bw("nvlink"))
     np.testing.assert_allclose(got[:2], custom[:2])
@@ -358,15 +359,18 @@ def test_measured_allreduce_prices_what_its_rows_cover_per_tier():
 
     for tier, device in (("auto", "h100_sxm"), ("cross", "h200_sxm")):
         predictor = Predictor(hw, tier=tier)
-        got = StepPricer(model, hw, engine, par, predictor)._allreduce_flavour(cols, nccl)
+        got, by = StepPricer(model, hw, engine, par, predictor)._allreduce_flavour(cols, nccl)
         np.testing.assert_allclose(got[:2], [measured(device, mib), measured(device, 4 * mib)])
         assert got[2] == 1.0  # 4 GiB: beyond the rows, the NCCL price stays
+        assert by.tolist() == [f"vLLM all-reduce measured on {device}"] * 2 + [""]
     # off, or for the plain roofline: the custom kernel below 0.25 MiB at TP 8 and NCCL above it
     off = dataclasses.replace(engine, allreduce=dataclasses.replace(engine.allreduce, measured=False))
     for eng, tier in ((off, "auto"), (engine, "roofline")):
         pricer = StepPricer(model, hw, eng, par, Predictor(hw, tier=tier))
         assert pricer.measured_allreduce is None
-        np.testing.assert_array_equal(pricer._allreduce_flavour(cols, nccl), nccl)
+        got, by = pricer._allreduce_flavour(cols, nccl)
+        np.testing.assert_array_equal(got, nccl)
+        assert by.tolist() == ["", "", ""]
 
 
 def test_custom_allreduce_fit_recovers_a_synthetic_kernel_and_reports_held_out_gpus():
