@@ -164,11 +164,14 @@ class StepPricer:
 
     def kernels(self, batch: StepBatch) -> list[PricedKernel]:
         """Every kernel of the step at the size it runs (graph padding applied), priced exactly."""
+        calls = self._step_calls(batch)
+        return [PricedKernel(c, float(s.sum())) for c, s in zip(calls, self._price(calls))]
+
+    def _step_calls(self, batch: StepBatch) -> list[KernelCall]:
+        """The step's kernel calls at the sizes they run (graph padding applied); none for an empty step."""
         if not batch.num_tokens:
             return []
-        _, run_tokens = self._graph_mode(batch)
-        calls = step_kernels(self.model, batch, self.parallel, self.engine, padded_tokens=run_tokens)
-        return [PricedKernel(c, float(s.sum())) for c, s in zip(calls, self._price(calls))]
+        return step_kernels(self.model, batch, self.parallel, self.engine, padded_tokens=self._graph_mode(batch)[1])
 
     # -- assembly -------------------------------------------------------------------------
     def _row(self, table: np.ndarray, cache: dict, size: int) -> tuple:
@@ -313,9 +316,7 @@ class StepPricer:
         """What priced the kernels of these steps, as they run: per family and (tier, model), their kernel
         seconds, the share of the family's kernel time, and the share of that time whose kernels lie
         outside the model's training range (features clamped or unknown: the predictor's 'extrapolated')."""
-        calls = [c for b in batches if b.num_tokens
-                 for c in step_kernels(self.model, b, self.parallel, self.engine,
-                                       padded_tokens=self._graph_mode(b)[1])]
+        calls = [c for b in batches for c in self._step_calls(b)]
         time: dict[tuple, list[float]] = {}
         for call, p in zip(calls, self._priced(calls)):
             seconds = call.count * p["seconds"]
