@@ -138,9 +138,6 @@ class Predictor:
                           f"{family} kernels on {self.hw.key} that no die sibling covers are plain roofline (η = 1)",
                           stacklevel=4)
 
-    def eta(self, family: str, cols: Mapping, roof: Mapping) -> np.ndarray:
-        return self.estimate(family, cols, roof)["eta"]
-
     def latency(self, family: str, cols: Mapping) -> np.ndarray:
         """Predicted seconds for each kernel described by `cols` (one family)."""
         return self.priced(family, cols)["seconds"]
