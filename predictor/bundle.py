@@ -1,29 +1,40 @@
-"""η bundles: a directory of fitted η models in open formats, verified on load.
+"""η bundles: a directory of fitted η models in open formats, verified as they are read.
 
 Layout (written by kernelsight.calibrate.bundle.publish):
 
-    manifest.json                     format, schema_version, code_version, created,
+    manifest.json                     format, schema_version, code_version, created, content_id,
                                       training_data (file, sha256, rows, sweeps),
                                       devices, families, features, metrics,
                                       libraries, models, files (path -> sha256)
-    models/target/<device>/<family>.txt   LightGBM model text (its card's learner.target says what it
-                                      predicts: log η, or log of the time above the roofline)
-    models/target/<device>/<family>.json  its card: features, training ranges, categories
-    models/cross/<family>.txt|.json       the cross-device tier
+    models/target/<device>/<family>.txt.gz  LightGBM model text, gzipped (its card's learner.target says what
+                                      it predicts: log η, or log of the time above the roofline)
+    models/target/<device>/<family>.json    its card: tier, family, device, features, training ranges,
+                                      categories, text_sha256 (the hash of the uncompressed model text)
+    models/cross/<family>.txt.gz|.json      the cross-device tier
+
+Integrity is a chain: content_id hashes the manifest (every entry and every file hash it lists), each
+file's sha256 is in the manifest, each card names the GPU, family and tier it prices (checked against
+the manifest entry that points at it) and the hash of its model text. Opening a bundle reads and checks
+the manifest only; a model's two files are hashed when that model is first used, so pricing one kernel
+on one GPU does not read the rest. Bundle.verify_files() hashes everything.
 
 Nothing in a bundle can run code: JSON is parsed as data and model text is
 parsed by LightGBM's own C parser, reached through its C API so that
 predicting needs neither the lightgbm Python package nor scikit-learn. Every
-problem (missing file, hash mismatch, newer schema, features this version does
-not compute, unparsable model) is ONE KernelsightError line.
+problem (missing file, hash mismatch, an entry whose files describe another
+model, newer schema, features this version does not compute, unparsable
+model) is ONE KernelsightError line naming the bundle (and the entry).
 """
 from __future__ import annotations
 
 import ctypes
+import gzip
 import hashlib
 import importlib.util
 import json
+import re
 import sys
+import zlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,12 +42,15 @@ import numpy as np
 
 from .errors import KernelsightError
 from .features import feature_names, features
-from .paths import data_dir
+from .paths import cache_dir, data_dir
 
 FORMAT = "kernelsight.eta-bundle"
 # 2: a model may learn the time above the roofline instead of η (card learner.target, GAP_TARGET); a reader of
 # schema 1 would take its output for log η, so it must refuse such a bundle.
-SCHEMA_VERSION = 2
+# 3: model text is gzipped (models/...txt.gz), content_id hashes the whole manifest, and each card carries
+# text_sha256, the hash of the model text it describes. Schemas 1 and 2 are still read.
+SCHEMA_VERSION = 3
+WHOLE_MANIFEST = 3  # the first schema whose content_id covers the whole manifest and whose cards name their text
 # What a model's raw output is the log of (its card's learner.target).
 ETA_TARGET = "log eta"
 GAP_TARGET = "log gap_us"  # t - t_roof in microseconds: eta = 1 + gap / t_roof
@@ -210,8 +224,25 @@ def model_key(tier: str, family: str, device: str | None = None) -> str:
     return f"{tier}/{device}/{family}" if tier == "target" else f"{tier}/{family}"
 
 
+def canonical_json(obj) -> str:
+    """The one JSON spelling of a bundle's documents: sorted keys, one-space indent, no NaN; what the
+    writer puts on disk and what content_id hashes (so reformatting a manifest does not change it)."""
+    return json.dumps(obj, sort_keys=True, indent=1, allow_nan=False) + "\n"
+
+
+def content_id(manifest: dict) -> str:
+    """The hash that names a bundle: over the whole manifest but this field (schema >= WHOLE_MANIFEST),
+    so it binds every entry and, through the file hashes listed, every file; older schemas hashed the
+    file list and the training data only."""
+    if manifest.get("schema_version", 0) >= WHOLE_MANIFEST:
+        body = {k: v for k, v in manifest.items() if k != "content_id"}
+    else:
+        body = {"files": manifest.get("files"), "training_data": manifest.get("training_data")}
+    return hashlib.sha256(canonical_json(body).encode("utf-8")).hexdigest()
+
+
 class Bundle:
-    """A verified bundle directory; models are parsed on first use."""
+    """A bundle whose manifest is verified; each model's files are hash-checked and parsed on first use."""
 
     def __init__(self, path: Path, manifest: dict):
         self.path = path
@@ -233,33 +264,79 @@ class Bundle:
         return sorted(m["device"] for m in self.manifest["models"].values()
                       if m["tier"] == "target" and m["family"] == family)
 
+    def read(self, rel: str, where: str) -> bytes:
+        """A file the manifest lists, read once and checked against its sha256 there."""
+        try:
+            data = (self.path / rel).read_bytes()
+        except FileNotFoundError:
+            raise KernelsightError(f"{where}: {rel} is missing") from None
+        except OSError as e:
+            raise KernelsightError(f"{where}: cannot read {rel} ({e.strerror or e})") from None
+        actual, digest = hashlib.sha256(data).hexdigest(), self.manifest["files"][rel]
+        if actual != digest:
+            raise KernelsightError(f"{where}: {rel} hash mismatch (sha256 {actual[:12]}... but the manifest "
+                                   f"says {str(digest)[:12]}...): the file was modified; re-publish the bundle")
+        return data
+
+    def verify_files(self) -> None:
+        """Hash every file the manifest lists (opening a bundle checks only those a model it prices reads)."""
+        for rel in sorted(self.manifest["files"]):
+            self.read(rel, f"bundle {self.path}")
+
     def model(self, tier: str, family: str, device: str | None = None) -> EtaModel:
         key = model_key(tier, family, device)
         if key not in self._models:
             entry = self.manifest["models"].get(key)
             if entry is None:
                 raise KernelsightError(f"bundle {self.path}: no {key} model")
-            where = f"bundle {self.path}: {entry['model']}"
-            text = (self.path / entry["model"]).read_text(encoding="utf-8")
-            card = _read_json(self.path / entry["card"], f"bundle {self.path}: {entry['card']}")
-            self._models[key] = EtaModel(text, card, where)
+            self._models[key] = self._load(key, entry)
         return self._models[key]
 
+    def _load(self, key: str, entry: dict) -> EtaModel:
+        """The entry's model after its files' hashes, its card's identity (the GPU, family and tier the
+        manifest says it prices) and, from schema 3, the card's hash of the model text are checked."""
+        where = f"bundle {self.path}: entry {key}"
+        raw = self.read(entry["model"], where)
+        card = _parse_json(self.read(entry["card"], where), f"{where}: {entry['card']}")
+        said = model_key(card.get("tier"), card.get("family"), card.get("device"))
+        if said != key:
+            raise KernelsightError(f"{where}: its card {entry['card']} describes {said}, not {key} (the entry was "
+                                   f"altered or points at another model's files)")
+        if entry["model"].endswith(".gz"):
+            try:
+                raw = gzip.decompress(raw)
+            except (OSError, EOFError, zlib.error) as e:
+                raise KernelsightError(f"{where}: {entry['model']} is not valid gzip ({e})") from None
+        if self.manifest["schema_version"] >= WHOLE_MANIFEST:
+            text_hash = hashlib.sha256(raw).hexdigest()
+            if card.get("text_sha256") != text_hash:
+                raise KernelsightError(f"{where}: {entry['model']} is not the model text its card "
+                                       f"{entry['card']} describes (text_sha256 differs)")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise KernelsightError(f"{where}: {entry['model']} is not UTF-8 text") from None
+        return EtaModel(text, card, f"{where}: {entry['model']}")
 
-def _read_json(path: Path, where: str) -> dict:
+
+def _parse_json(data: bytes, where: str) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise KernelsightError(f"{where}: file missing") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise KernelsightError(f"{where}: not valid JSON ({str(e).splitlines()[0]})") from None
-    if not isinstance(data, dict):
+    if not isinstance(doc, dict):
         raise KernelsightError(f"{where}: expected a JSON object at the top level")
-    return data
+    return doc
+
+
+def _inside(root: Path, rel) -> bool:
+    return isinstance(rel, str) and root in (root / rel).resolve().parents
 
 
 def verify_manifest(path: Path, manifest: dict) -> None:
-    """Format, schema version, required keys, and every listed file present with its sha256."""
+    """What opening a bundle checks, without reading its models: format, schema version, required keys,
+    content_id, each model entry consistent with its key and covered by the file hashes, and every listed
+    file inside the bundle and present. The hashes of a model's files are checked when it is loaded."""
     where = f"bundle {path}"
     if manifest.get("format") != FORMAT:
         raise KernelsightError(f"{where}: manifest format is {manifest.get('format')!r}, not {FORMAT!r} "
@@ -273,32 +350,72 @@ def verify_manifest(path: Path, manifest: dict) -> None:
     missing = [k for k in REQUIRED_KEYS if k not in manifest]
     if missing:
         raise KernelsightError(f"{where}: manifest lacks {', '.join(missing)}")
-    files = manifest["files"]
-    for entry in manifest["models"].values():
-        for rel in (entry["model"], entry["card"]):
-            if rel not in files:
-                raise KernelsightError(f"{where}: {rel} is not covered by the manifest's file hashes")
+    files, models = manifest["files"], manifest["models"]
+    if not isinstance(files, dict) or not isinstance(models, dict):
+        raise KernelsightError(f"{where}: manifest files and models must be JSON objects")
+    if manifest.get("content_id") != content_id(manifest):
+        raise KernelsightError(f"{where}: manifest content_id does not match its contents: the manifest was "
+                               f"edited; re-publish the bundle")
+    root = path.resolve()
     for rel, digest in sorted(files.items()):
-        target = (path / rel).resolve()
-        if path.resolve() not in target.parents:
+        if not _inside(root, rel):
             raise KernelsightError(f"{where}: file entry {rel!r} points outside the bundle")
-        if not target.is_file():
+        if not isinstance(digest, str) or len(digest) != 64:
+            raise KernelsightError(f"{where}: file entry {rel!r} has no sha256")
+        if not (path / rel).is_file():
             raise KernelsightError(f"{where}: {rel} is missing")
-        actual = sha256_file(target)
-        if actual != digest:
-            raise KernelsightError(f"{where}: {rel} hash mismatch (sha256 {actual[:12]}... but the manifest "
-                                   f"says {str(digest)[:12]}...): the file was modified; re-publish the bundle")
+    for key, entry in sorted(models.items()):
+        try:
+            said = model_key(entry["tier"], entry["family"], entry.get("device"))
+            rels = (entry["model"], entry["card"])
+        except (KeyError, TypeError):
+            raise KernelsightError(f"{where}: entry {key} lacks tier/family/model/card") from None
+        if said != key:
+            raise KernelsightError(f"{where}: entry {key} says it prices {said}")
+        for rel in rels:
+            if rel not in files:
+                raise KernelsightError(f"{where}: entry {key}: {rel} is not covered by the manifest's file hashes")
+
+
+# Bundle names that are not paths: a letter or digit, then letters, digits, '.', '_', '-'.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def locate_bundle(name) -> Path:
+    """The directory of a bundle given by name: the one shipped in the package (data/artifacts/<name>) when
+    it exists, else the user cache's cache_dir()/bundles/<name>, which is where a bundle built on demand
+    belongs (the path returned need not exist yet). A value that is not a bare name (a path separator,
+    '~', a leading '.') is a directory, returned as given."""
+    text = str(name)
+    if not _NAME.fullmatch(text):
+        return Path(text).expanduser()
+    shipped = data_dir() / "artifacts" / text
+    return shipped if shipped.is_dir() else cache_dir() / "bundles" / text
+
+
+def _bundle_path(path) -> Path:
+    """None: the shipped default; a directory that exists here; else a bundle name (locate_bundle)."""
+    if path is None:
+        return default_bundle_dir()
+    if not Path(path).is_dir() and _NAME.fullmatch(str(path)):
+        return locate_bundle(path)
+    return Path(path)
 
 
 def load_bundle(path=None) -> Bundle:
-    """Load and verify a bundle directory (default: the one shipped in the package)."""
-    path = Path(path) if path is not None else default_bundle_dir()
+    """Open and verify a bundle (default: the one shipped in the package): a directory, or a bundle name
+    (locate_bundle) where no directory of that name exists here. Models load on first use."""
+    path = _bundle_path(path)
     if not path.is_dir():
         raise KernelsightError(f"bundle {path}: no such directory")
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         raise KernelsightError(f"bundle {path}: {MANIFEST} is missing (not a kernelsight η bundle?)")
-    manifest = _read_json(manifest_path, f"bundle {path}: {MANIFEST}")
+    try:
+        data = manifest_path.read_bytes()
+    except OSError as e:
+        raise KernelsightError(f"bundle {path}: cannot read {MANIFEST} ({e.strerror or e})") from None
+    manifest = _parse_json(data, f"bundle {path}: {MANIFEST}")
     verify_manifest(path, manifest)
     return Bundle(path, manifest)
 
@@ -310,4 +427,4 @@ def _cached(path: str) -> Bundle:
 
 def shared_bundle(path=None) -> Bundle:
     """load_bundle, cached per resolved path: predictors of many GPUs share parsed models."""
-    return _cached(str(Path(path).resolve() if path is not None else default_bundle_dir().resolve()))
+    return _cached(str(_bundle_path(path).resolve()))
