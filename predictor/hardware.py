@@ -25,6 +25,7 @@ from kernelsight.predictor.errors import KernelsightError, closest, did_you_mean
 from kernelsight.predictor.paths import conf_dir, read_yaml
 
 __all__ = [
+    "DERIVABLE",
     "DTYPES",
     "LINKS",
     "NET_GBS_PER_GPU",
@@ -71,7 +72,12 @@ class Hardware:
     """One GPU as the runtime sees it (one device, not a superchip or package).
 
     Field units match the YAML; use the methods for SI units. `None` means
-    unknown or unsupported (e.g. fp8 on Ampere, L2 of H200).
+    unsupported or absent (e.g. fp8 on Ampere, PCIe on a Grace-attached GPU).
+
+    `derived` maps a number field (DERIVABLE: 'l2_mb', 'peak_tflops.bf16', ...)
+    that no public source states to the rule that produced its value ("same die
+    as B300: ..."); for a field left null it states why (absent by design) and
+    how features treat it. Fields not named there are published figures.
     """
 
     key: str
@@ -92,6 +98,7 @@ class Hardware:
     pcie_gbs_per_dir: float | None  # host x16 link per direction; None for Grace-attached GPUs
     aliases: tuple[str, ...] = ()
     sources: str = ""
+    derived: dict[str, str] = field(default_factory=dict, hash=False)  # field -> rule (see the class doc)
     net_gbs_per_gpu: float = NET_GBS_PER_GPU  # the deployment's scale-out bandwidth per GPU per direction
 
     def on_network(self, net_gbs_per_gpu: float) -> "Hardware":
@@ -174,6 +181,8 @@ class Hardware:
                 value = {d: value.get(d) for d in DTYPES}
             elif f.name == "aliases":
                 value = list(value)
+            elif f.name == "derived":
+                value = dict(value)
             out[f.name] = value
         return out
 
@@ -210,11 +219,16 @@ _RULES: dict[str, tuple[str, bool, tuple[float, float] | None]] = {
     "pcie_gbs_per_dir": ("float", True, (0.1, 10000)),
     "aliases": ("aliases", True, None),
     "sources": ("str", True, None),
+    "derived": ("derived", True, None),
 }
-_OPTIONAL = {"aliases", "sources"}
+_OPTIONAL = {"aliases", "sources", "derived"}
 _DEPLOYMENT = ("net_gbs_per_gpu",)  # Hardware fields that no catalog entry holds
 assert tuple(_RULES) == tuple(f.name for f in fields(Hardware) if f.name not in _DEPLOYMENT), \
     "keep _RULES in dataclass order"
+
+#: Names a `derived` entry may carry: every number field of an entry, peaks per dtype.
+DERIVABLE: tuple[str, ...] = tuple(
+    n for n, (kind, _, _) in _RULES.items() if kind in ("int", "float")) + tuple(f"peak_tflops.{d}" for d in DTYPES)
 
 
 def _fail(source: str, name: str, problem: str) -> KernelsightError:
@@ -281,6 +295,8 @@ def _build(data: Any, source: str) -> Hardware:
             values[name] = _peaks(source, value, bounds)
         elif kind == "aliases":
             values[name] = _aliases(source, value)
+        elif kind == "derived":
+            values[name] = _derived(source, value)
     if not _KEY_RE.match(values["key"]):
         raise _fail(source, "key", f"= {values['key']!r} must be lower-case letters, digits and '_' "
                                    f"(it is the Hydra option name)")
@@ -313,6 +329,22 @@ def _aliases(source: str, value: Any) -> tuple[str, ...]:
                                            f"ignoring case, spaces, '_' and '-')")
         seen[norm] = alias
     return tuple(value)
+
+
+def _derived(source: str, value: Any) -> dict[str, str]:
+    """{field: rule}: each field a DERIVABLE name, each rule a non-empty string."""
+    if not isinstance(value, Mapping):
+        _type_error(source, "derived", value, "a mapping of field -> rule (e.g. l2_mb: same die as B300)")
+    out: dict[str, str] = {}
+    for name, rule in value.items():
+        where = f"derived.{name}"
+        if name not in DERIVABLE:
+            raise _fail(source, where, f"is not a catalog number field{did_you_mean(str(name), DERIVABLE)}; "
+                                       f"expected a field such as l2_mb, boost_clock_mhz or peak_tflops.bf16")
+        if not isinstance(rule, str) or not rule.strip():
+            raise _fail(source, where, f"needs the rule that gave the value (a non-empty string), got {rule!r}")
+        out[name] = rule
+    return out
 
 
 def load_hardware_file(path: str | Path) -> Hardware:

@@ -6,14 +6,18 @@ and a short provenance note) lives in ALIASES / SOURCES below; when re-run, a
 non-empty `aliases` or `sources` already present in an existing YAML file wins,
 so hand edits there survive regeneration from a newer CSV.
 
+A number no public source states is derived by a stated rule and marked in the
+CSV's optional `derived` column: `field=rule` entries separated by ';' (field: a
+number column's Hardware name, peaks as `peak_tflops.<dtype>`). The YAML carries
+them as `derived: {field: rule}` (Hardware.derived); a null field may be named
+there too, with the reason it is absent.
+
 Usage:  python -m kernelsight.calibrate.importers.gpu_specs path/to/gpu_specs.csv [out_dir]
 """
 from __future__ import annotations
 
 import csv
-import os
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,7 @@ import yaml
 
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.hardware import DTYPES, Hardware, hardware_dir
+from kernelsight.predictor.outputs import ensure_dir, write_text
 
 __all__ = ["ALIASES", "SOURCES", "convert_gpu_specs", "read_gpu_specs"]
 
@@ -41,6 +46,8 @@ _FLOAT_COLUMNS = ("boost_clock_mhz", "mem_gb", "mem_bw_gbs", "l2_mb", "smem_per_
                   "nvlink_gbs_per_dir", "pcie_gbs_per_dir")
 # Present in the CSV but not a Hardware field (memory technology is noted in `sources` where it matters).
 _IGNORED_COLUMNS = ("mem_type",)
+# May be absent (tables written before derived values were marked).
+_OPTIONAL_COLUMNS = ("derived",)
 _ALL_COLUMNS = set(_STR_COLUMNS) | set(_INT_COLUMNS) | set(_FLOAT_COLUMNS) | set(_PEAK_COLUMNS) \
     | set(_IGNORED_COLUMNS)
 assert set(_PEAK_COLUMNS.values()) == set(DTYPES)
@@ -75,6 +82,13 @@ ALIASES: dict[str, list[str]] = {
     "mi210": ["AMD Instinct MI210"],
     "mi250": ["AMD Instinct MI250", "mi250_gcd"],
     "mi300x": ["AMD Instinct MI300X"],
+    "a10g": ["NVIDIA A10G"],
+    "rtx_4090": ["NVIDIA GeForce RTX 4090", "GeForce RTX 4090"],
+    "rtx_6000_ada": ["NVIDIA RTX 6000 Ada Generation", "RTX 6000 Ada Generation"],
+    "l20": ["NVIDIA L20"],
+    "h20": ["NVIDIA H20"],
+    "mi325x": ["AMD Instinct MI325X"],
+    "mi355x": ["AMD Instinct MI355X"],
 }
 
 # Short provenance per row; gpu_specs_SOURCES.md has the cell-by-cell evidence.
@@ -138,8 +152,8 @@ SOURCES: dict[str, str] = {
         "3350 used here."),
     "h200_sxm": (
         "aiconfigurator h200_sxm and ml-engineering; same compute die as H100 SXM (989.4 BF16 at 1830 MHz) with "
-        "141 GB HBM3e at 4.8 TB/s. L2 is null: the 50 MiB often quoted is copied from H100, and GH200 (same "
-        "6-stack layout) reports 60 MiB."),
+        "141 GB HBM3e at 4.8 TB/s. L2 60 MiB as the driver reported it on a lent H200 (GH200, same 6-stack "
+        "layout, reports 60 too); the 50 MiB often quoted is copied from H100."),
     "gh200": (
         "The Hopper GPU of a GH200 superchip, 96 GB HBM3 variant; deviceQuery for SMs, 1980 MHz and 60 MiB L2, "
         "peaks as H100 SXM. TDP and PCIe are null: power is published only for the whole module and the host "
@@ -158,12 +172,14 @@ SOURCES: dict[str, str] = {
         "14 PF dense (sources range 12.6-15); 270 GB usable of 288 physical."),
     "gb300": (
         "One Blackwell Ultra GPU of a GB300 superchip, from the per-GPU datasheet table and aiconfigurator "
-        "gb300; 152 SMs from device logs. Max clock and L2 unknown (null). INT8 cut to 165 TOPS dense. PCIe "
-        "null: the host link is NVLink-C2C to Grace."),
+        "gb300; 152 SMs from device logs. INT8 cut to 165 TOPS dense. DERIVED (see `derived`): max clock 2056 "
+        "MHz from the FP32 peak (no device log found) and L2 126.5 MiB from B300 (same die). PCIe null: the host "
+        "link is NVLink-C2C to Grace."),
     "rtx_pro_6000_server": (
         "aiconfigurator rtx_pro_6000_server: its tensor peaks scale RTX PRO 6000 ratios to the observed 2430 "
         "MHz (derived, not a Server Edition datasheet); FP32 derived the same way. 188 SMs and 128 MiB L2 from "
-        "device logs; 1792 GB/s is the GDDR7 family figure. No NVLink; TF32/FP16 unpublished (null)."),
+        "device logs; 1792 GB/s is the GDDR7 family figure. No NVLink. TF32 and FP16 are unpublished: DERIVED "
+        "from BF16 (TF32 half of it, FP16 equal; see `derived`)."),
     "mi100": (
         "AMD MI100 spec table (23.1 FP32 vector, 92.3 BF16, 184.6 FP16/INT8 matrix, 1.23 TB/s, 300 W) and the "
         "ROCm GPU table (120 CUs, 8 MiB L2, 64 KiB LDS). num_sms counts CUs, compute_capability is the gfx "
@@ -174,13 +190,43 @@ SOURCES: dict[str, str] = {
         "bridge, 3 links x 50 GB/s per direction."),
     "mi250": (
         "Per GCD (an MI250 package = 2 GCDs = 2 ROCm devices): AMD package figures halved (45.3 FP32, 362.1 "
-        "BF16/FP16/INT8, 3.2768 TB/s) and ROCm docs for 104 CUs and 8 MiB L2 per GCD. TDP and scale-up "
-        "bandwidth null: AMD publishes only package power and the Infinity Fabric topology has no single "
-        "per-GCD figure."),
+        "BF16/FP16/INT8, 3.2768 TB/s) and ROCm docs for 104 CUs and 8 MiB L2 per GCD. DERIVED (see `derived`): "
+        "TDP 280 W = the 560 W package figure / 2, and Infinity Fabric 150 GB/s per direction = 3 of the "
+        "package's 6 external links x 50 (in-package GCD-GCD links not counted)."),
     "mi300x": (
         "AMD MI300X datasheet and ml-engineering (163.4 FP32, 1307.4 BF16/FP16, 2614.9 FP8/INT8 dense, 5.3 "
         "TB/s, 750 W); ROCm table for 304 CUs. l2_mb counts only the 32 MiB per-XCD L2, not the 256 MiB "
         "Infinity Cache. 'nvlink' = 7 Infinity Fabric links, 448 GB/s per direction in total."),
+    "a10g": (
+        "AWS's GA102 variant (G5 instances). 80 SMs, 1710 MHz max clock and a 300 W power cap from public device "
+        "logs; 35 FP32 and 70 BF16/FP16, 35 TF32, 140 INT8 dense as Baseten's A10 vs A10G spec table lists them "
+        "(half the A10's tensor rate per SM, a GeForce-class FP32-accumulate rate). 24 GB GDDR6 at 600 GB/s. "
+        "L2 6 MiB DERIVED from the A10 (same die)."),
+    "rtx_4090": (
+        "GeForce (AD102, 128 SMs, 2520 MHz boost, 450 W, 24 GB GDDR6X at 1008 GB/s, 72 MB L2). Tensor peaks are the "
+        "Ada whitepaper's FP32-accumulate rates that PyTorch uses (165.2 BF16/FP16, 330.3 FP8, 660.6 INT8, 82.6 "
+        "TF32), as third-party copies reproduce them; GeForce runs FP16 with FP16 accumulate at twice that."),
+    "rtx_6000_ada": (
+        "Workstation AD102: 142 SMs (same count as L40S), 2505 MHz boost, 91.1 TFLOPS FP32, 48 GB GDDR6 at 960 "
+        "GB/s, 96 MB L2, 300 W (press and PNY/Leadtek specs). Tensor peaks DERIVED: 142 SMs x the professional Ada "
+        "rate x 2.505 GHz (364.2 BF16/FP16, FP8/INT8 twice, TF32 half); no vendor dense table was found."),
+    "l20": (
+        "China-market AD102 cut: 92 SMs, 2520 MHz boost, 59.35 FP32, 48 GB GDDR6 at 864 GB/s, 96 MB L2, 275 W, "
+        "PCIe Gen4 (TechPowerUp-derived pages). Tensor peaks (119.5 BF16/FP16, 239 FP8/INT8) are the datasheet "
+        "figures as recalled and consistent with half the professional Ada rate per SM: marked DERIVED."),
+    "h20": (
+        "China-market GH100 cut: 78 SMs (device logs), 148 FP16, 296 FP8/INT8, 74 TF32, 44 FP32 (press copies of "
+        "the spec sheet), 96 GB HBM3 at 4.0 TB/s, 60 MB L2, 400 W, NVLink 900 GB/s. Clock DERIVED: 1980 MHz as "
+        "the other GH100 parts report (the 44 TFLOPS FP32 figure does not fit 78 SMs at any Hopper clock)."),
+    "mi325x": (
+        "Same CDNA3 compute as MI300X (304 CUs, 2100 MHz, 163.4 FP32, 1307.4 BF16/FP16, 2614.9 FP8/INT8 dense; "
+        "ml-engineering) with 256 GB HBM3e at 6 TB/s and 1000 W. ROCm table: 32 MiB L2 (4 per XCD, Infinity "
+        "Cache not included), 64 KiB LDS. 'nvlink' = 7 Infinity Fabric links, DERIVED from MI300X's link rate."),
+    "mi355x": (
+        "CDNA4 (gfx950): 256 CUs, 2400 MHz, 157.3 FP32, 2516.6 BF16/FP16, 5033.2 FP8/INT8, 10066.3 MXFP4 dense "
+        "(AMD rounds to 2.5/5/10.1 PF; ml-engineering), 288 GB HBM3e at 8 TB/s, 1400 W. ROCm table: 32 MiB L2, "
+        "160 KiB LDS. No TF32 figure is published (null: TF32 kernels are refused). 'nvlink' DERIVED: 7 links x "
+        "153.6 GB/s / 2."),
 }
 
 _HEADER = ("# Generated by calibrate/importers/gpu_specs.py from {csv}.\n"
@@ -205,6 +251,23 @@ def _cell(row: dict[str, str], column: str, kind: type, where: str) -> Any:
     return value
 
 
+def _derived_cell(raw: str, where: str) -> dict[str, str]:
+    """'l2_mb=same die as B300; boost_clock_mhz=...' -> {field: rule}; field names are checked by Hardware."""
+    out: dict[str, str] = {}
+    for part in raw.split(";"):
+        if not part.strip():
+            continue
+        name, sep, rule = part.partition("=")
+        name, rule = name.strip(), rule.strip()
+        if not sep or not name or not rule:
+            raise KernelsightError(f"{where}: column 'derived' entry {part.strip()!r} must be field=rule "
+                                   f"(entries separated by ';')")
+        if name in out:
+            raise KernelsightError(f"{where}: column 'derived' names {name!r} twice")
+        out[name] = rule
+    return out
+
+
 def read_gpu_specs(csv_path: str | Path) -> list[dict[str, Any]]:
     """Rows of gpu_specs.csv as Hardware-shaped mappings (no aliases/sources yet)."""
     csv_path = Path(csv_path)
@@ -216,7 +279,7 @@ def read_gpu_specs(csv_path: str | Path) -> list[dict[str, Any]]:
         reader = csv.DictReader(handle)
         columns = set(reader.fieldnames or ())
         missing = sorted(_ALL_COLUMNS - columns)
-        extra = sorted(columns - _ALL_COLUMNS)
+        extra = sorted(columns - _ALL_COLUMNS - set(_OPTIONAL_COLUMNS))
         if missing or extra:
             raise KernelsightError(f"{csv_path}: unexpected columns (missing: {', '.join(missing) or '-'}; "
                                    f"unknown: {', '.join(extra) or '-'})")
@@ -231,6 +294,7 @@ def read_gpu_specs(csv_path: str | Path) -> list[dict[str, Any]]:
                 entry[column] = _cell(row, column, float, where)
             entry["pcie_gen"] = _cell(row, "pcie_gen", int, where)
             entry["pcie_gbs_per_dir"] = _cell(row, "pcie_gbs_per_dir", float, where)
+            entry["derived"] = _derived_cell(row.get("derived") or "", where)
             rows.append(entry)
     keys = [r["key"] for r in rows]
     duplicates = sorted({k for k in keys if keys.count(k) > 1})
@@ -271,6 +335,8 @@ _Dumper.add_representer(float, _float_representer)
 
 def _render(hw: Hardware, csv_name: str) -> str:
     data = hw.as_dict()
+    if not data["derived"]:
+        del data["derived"]  # entries without derived values stay as they were
     body = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True,
                      width=110)
     return _HEADER.format(csv=csv_name) + body
@@ -281,18 +347,6 @@ def _wrap(text: str) -> str:
     return "\n".join(textwrap.fill(p.strip(), width=110) for p in text.strip().split("\n") if p.strip())
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def convert_gpu_specs(csv_path: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """Write one validated <key>.yaml per CSV row into out_dir (default: the shipped conf/hardware).
 
@@ -301,7 +355,7 @@ def convert_gpu_specs(csv_path: str | Path, out_dir: str | Path | None = None) -
     """
     csv_path = Path(csv_path)
     out = Path(out_dir) if out_dir is not None else hardware_dir()
-    out.mkdir(parents=True, exist_ok=True)
+    ensure_dir(out, "out")
     rendered: list[tuple[Path, str, Hardware]] = []
     for row in read_gpu_specs(csv_path):
         path = out / f"{row['key']}.yaml"
@@ -316,7 +370,7 @@ def convert_gpu_specs(csv_path: str | Path, out_dir: str | Path | None = None) -
             raise KernelsightError(f"{path}: generated YAML does not load back to the same entry")
         rendered.append((path, text, hw))
     for path, text, _ in rendered:
-        _write_atomic(path, text)
+        write_text(path, text)
     return [p for p, _, _ in rendered]
 
 
