@@ -1,4 +1,6 @@
-"""Batched η prediction throughput on ONE core: kernels per second through Predictor.latency.
+"""Batched η prediction throughput on ONE core: kernels per second through Predictor.predict.
+
+Predict takes each family's columns (the path the simulator uses, no frame built).
 
 The batch is what a serving simulation prices: projection GEMMs (m = tokens,
 n/k from common model widths), decode attention, norms and all-reduces, each family as one batched call, as the simulator makes them.
@@ -55,17 +57,17 @@ def main() -> None:
     predictor = Predictor(args.gpu, tier=args.tier)
     work = batch(args.kernels)
     for family, cols in work.items():  # warm-up: parse the models once
-        predictor.latency(family, {k: v[:10] for k, v in cols.items()})
+        predictor.predict({k: v[:10] for k, v in cols.items()}, family=family)
     best = {}
     for _ in range(args.repeat):
         for family, cols in work.items():
             t = time.perf_counter()
-            predictor.latency(family, cols)
+            predictor.predict(cols, family=family)
             best[family] = min(best.get(family, np.inf), time.perf_counter() - t)
     total = sum(len(next(iter(c.values()))) for c in work.values())
     for family, cols in work.items():
         n = len(next(iter(cols.values())))
-        models = sorted(set(predictor.estimate(family, {k: v[:1] for k, v in cols.items()})["model"]))
+        models = sorted(set(predictor.predict({k: v[:1] for k, v in cols.items()}, family=family)["model"]))
         print(f"{family:12s} {n:8d} kernels  {n / best[family]:12,.0f} kernels/s  ({', '.join(models)})")
     seconds = sum(best.values())
     print(f"{'all':12s} {total:8d} kernels  {total / seconds:12,.0f} kernels/s on one core "

@@ -25,7 +25,9 @@ import warnings
 from hydra import compose, initialize_config_dir
 
 from kernelsight.predictor.paths import conf_dir
-from kernelsight.sim.simulate import build_setup, run
+from kernelsight.cli.config import container, typed_configs
+from kernelsight.sim.run import build_setup, run
+from kernelsight.sim.workload import WorkloadConfig
 
 SPEED_REQUESTS = 10_000
 MEMORY_REQUESTS = (100_000, 1_000_000)
@@ -35,19 +37,22 @@ SHORT = ["workload=poisson", "workload.input.value=256", "workload.output.value=
 def setup_for(overrides: list[str]):
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose(config_name="simulate", overrides=overrides)
-    return build_setup(cfg)
+    model, hw, engine, parallel = typed_configs(cfg)
+    predictor = container(cfg.predictor)
+    return build_setup(model, hw, engine, parallel, WorkloadConfig.from_config(container(cfg.workload)),
+                       tier=predictor["tier"], bundle=predictor["bundle"], max_model_len=cfg.max_model_len)
 
 
 def capacity(overrides: list[str], n: int) -> float:
     """Requests/s the engine completes when n requests arrive at once (its saturation throughput)."""
-    summary, _ = run(setup_for([*overrides, "workload.request_rate=inf"]), n, seed=1, breakdown=False)
-    return summary["request_throughput"]
+    result = run(setup_for([*overrides, "workload.request_rate=inf"]), n, seed=1, breakdown=False)
+    return result.summary["request_throughput"]
 
 
 def timed_run(overrides: list[str], n: int) -> dict:
     setup = setup_for(overrides)
     cpu = time.process_time()
-    summary, _ = run(setup, n, seed=0)
+    summary = run(setup, n, seed=0).summary
     summary["cpu_s"] = time.process_time() - cpu
     return summary
 

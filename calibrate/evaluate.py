@@ -154,8 +154,10 @@ def _target_fold(block: Block, fold: np.ndarray, f: int, learner: dict) -> pd.Da
     return _scored(block, test, "target", f"fold {f}", preds).assign(fold=f)
 
 
-def evaluate_target(blocks: dict, learner: dict, folds: int, seed: int, devices=None, jobs: int = 1) -> pd.DataFrame:
-    """Grouped K-fold within each (device, family) block; one scored row per test row. jobs: fits at once."""
+def evaluate_target(blocks: dict, learner: dict, folds: int, seed: int, devices=None, jobs: int = 1,
+                    progress=None) -> pd.DataFrame:
+    """Grouped K-fold within each (device, family) block; one scored row per test row. jobs: fits at once;
+    progress: a tqdm-like factory for a bar over the fits (run_fits), or None."""
     tasks = []
     for (device, family), block in sorted(blocks.items()):
         if devices is not None and device not in devices:
@@ -165,7 +167,7 @@ def evaluate_target(blocks: dict, learner: dict, folds: int, seed: int, devices=
             continue
         fold = group_folds(block.groups, k, seed)
         tasks += [partial(_target_fold, block, fold, f, learner) for f in range(k)]
-    out = run_fits(tasks, jobs)
+    out = run_fits(tasks, jobs, progress, "target tier folds")
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
 
@@ -205,13 +207,15 @@ def fit_block(block: Block, learner: dict) -> EtaRegressor:
                                                                              provenance)
 
 
-def target_models(blocks: dict, keys, learner: dict, jobs: int = 1, fitted: dict | None = None) -> dict:
+def target_models(blocks: dict, keys, learner: dict, jobs: int = 1, fitted: dict | None = None,
+                  progress=None) -> dict:
     """The whole-block target models (fit_block) of `keys`, each fitted once: those already in `fitted` are
     reused and the new ones added to it (the die-sibling transfer, the other-sources check and the bundle
     share them)."""
     fitted = {} if fitted is None else fitted
     missing = sorted(set(keys) - set(fitted))
-    fitted.update(zip(missing, run_fits([partial(fit_block, blocks[key], learner) for key in missing], jobs)))
+    tasks = [partial(fit_block, blocks[key], learner) for key in missing]
+    fitted.update(zip(missing, run_fits(tasks, jobs, progress, "target models")))
     return {key: fitted[key] for key in keys}
 
 
@@ -235,11 +239,12 @@ def _cross_split(blocks: dict, family: str, split: str, test_device: str, exclud
 
 
 def evaluate_cross(blocks: dict, learner: dict, cap: int, seed: int, extra: dict, devices=None,
-                   jobs: int = 1, fitted: dict | None = None) -> pd.DataFrame:
+                   jobs: int = 1, fitted: dict | None = None, progress=None) -> pd.DataFrame:
     """Leave-one-device-out (and the extra hold-out protocols) per family on the cross tier: what the
     predictor's cross path does for a GPU it has no data of (predictor/transfer.py: die siblings among
     the training GPUs where their target models cover the kernel, the LightGBM cross model for the rest).
-    jobs: fits at once; fitted: whole-block target models to reuse and add to (target_models)."""
+    jobs: fits at once; fitted: whole-block target models to reuse and add to (target_models); progress: a
+    tqdm-like factory for bars over the fits, or None."""
     splits, needed = [], set()
     for family in sorted({f for _, f in blocks}):
         for split, test_device, exclude in holdout_protocols(blocks, family, extra):
@@ -249,8 +254,10 @@ def evaluate_cross(blocks: dict, learner: dict, cap: int, seed: int, extra: dict
             train = training_devices(blocks, family, exclude)
             needed |= {(d, family) for d in die_siblings(load_hardware(test_device), train)}
     # siblings' target models on their whole block, as a bundle holds them
-    sibling_models = {key: m.model_ for key, m in target_models(blocks, needed, learner, jobs, fitted).items()}
-    out = run_fits([partial(_cross_split, blocks, *s, learner, cap, seed, sibling_models) for s in splits], jobs)
+    sibling_models = {key: m.model_ for key, m in target_models(blocks, needed, learner, jobs, fitted,
+                                                                 progress).items()}
+    out = run_fits([partial(_cross_split, blocks, *s, learner, cap, seed, sibling_models) for s in splits], jobs,
+                   progress, "cross tier splits")
     out = [o for o in out if o is not None]
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
 
@@ -272,14 +279,14 @@ def other_source_rows(raw: pd.DataFrame, kept: pd.DataFrame, exclude_sweeps=()) 
 
 
 def evaluate_other_sources(blocks: dict, rows: pd.DataFrame, learner: dict, cap: int, seed: int, devices=None,
-                           jobs: int = 1, fitted: dict | None = None) -> pd.DataFrame:
+                           jobs: int = 1, fitted: dict | None = None, progress=None) -> pd.DataFrame:
     """The target model of each block that `rows` (other_source_rows, with η) has rows for, fitted on the whole
     block (target_models, reusing `fitted`), scored on them: one scored row per row, split 'other <source>',
     band the dominant size."""
     keys = sorted(k for k in set(zip(rows["device"], rows["family"])) & set(blocks)
                   if devices is None or k[0] in devices)
     out = []
-    for (device, family), model in target_models(blocks, keys, learner, jobs, fitted).items():
+    for (device, family), model in target_models(blocks, keys, learner, jobs, fitted, progress).items():
         block = blocks[(device, family)]
         const = ConstantEtaBaseline().fit([device] * len(block.rows), [family] * len(block.rows), block.eta)
         part = rows[(rows["device"] == device) & (rows["family"] == family)]

@@ -9,6 +9,8 @@ what every model is reported beside: plain roofline (η = 1) and one constant
 """
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -17,7 +19,10 @@ import numpy as np
 import pandas as pd
 
 from kernelsight.predictor.bundle import ETA_TARGET, GAP_TARGET, T_ROOF_FEATURE, EtaModel
-from kernelsight.predictor.features import features
+from kernelsight.predictor.errors import KernelsightError, check_seed, did_you_mean, whole_number
+from kernelsight.predictor.features import TIERS, features
+
+from .bundle import slim_model_text
 
 # Deterministic LightGBM settings: fixed seeds and threads, row-wise histograms.
 DETERMINISTIC = {"deterministic": True, "force_row_wise": True, "seed": 0, "bagging_seed": 0,
@@ -32,7 +37,9 @@ TRAINING_ONLY = ("split_gain", "leaf_weight", "leaf_count", "internal_value", "i
 # noise, and a leaf's linear coefficients (features are log sizes and ratios, |x| <= about 150) to 6 digits move
 # log η by under 1e-4 over a whole model; coefficients under 1e-9 (the solver's residue, most of them 1e-13) move
 # it by under 2e-7 and are written as 0. A linear leaf's values are grouped by double spaces, kept as they are.
-ROUNDED = {"threshold": 10, "leaf_value": 10, "leaf_const": 10, "leaf_coeff": 6}
+# Split thresholds are not rounded: rounding one can move it past training values next to it and change
+# which leaf a kernel lands in. calibrate.bundle.slim_model_text then rounds the values to the published steps.
+ROUNDED = {"leaf_value": 10, "leaf_const": 10, "leaf_coeff": 6}
 NEGLIGIBLE_COEFF = 1e-9
 # A gap model's rows at or below the roofline (η < 1 + MIN_GAP) learn a gap of MIN_GAP roofline times: the
 # log needs a positive gap, and predictions stay at or above the roofline.
@@ -62,6 +69,64 @@ def compact_model_text(text: str) -> str:
     return "\n".join(kept) + tail
 
 
+# LightGBM regression objectives that take any real label (log η and log gap are negative too).
+OBJECTIVES = ("regression", "regression_l1", "huber", "fair", "quantile", "mape")
+
+
+def check_learner(settings: Mapping | None = None, where: str = "learner", **more) -> dict:
+    """EtaRegressor's learner settings checked before any data is read or any fit starts: each a value of
+    the right type and range (a bool is not a count), or one line naming `where.<setting>`. Unknown names
+    are refused too. Returns the checked settings (numbers as int / float, tier lists as tuples)."""
+    values = {**(settings or {}), **more}
+    out = {}
+    for name, value in values.items():
+        setting = f"{where}.{name}"
+        if name not in _LEARNER_RULES:
+            raise KernelsightError(f"{setting}: unknown setting{did_you_mean(name, _LEARNER_RULES)}; "
+                                   f"known: {', '.join(sorted(_LEARNER_RULES))}")
+        out[name] = _LEARNER_RULES[name](value, setting)
+    return out
+
+
+def _count(minimum: int):
+    return lambda value, setting: whole_number(value, setting, minimum)
+
+
+def _real(low: float, low_open: bool, high: float = math.inf):
+    def rule(value, setting):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or \
+                value < low or (low_open and value == low) or value > high:
+            bound = f"> {low:g}" if low_open else f">= {low:g}"
+            raise KernelsightError(f"{setting}={value!r}: must be a finite number {bound}"
+                                   f"{f' and <= {high:g}' if high < math.inf else ''}")
+        return float(value)
+    return rule
+
+
+def _tiers(value, setting):
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise KernelsightError(f"{setting}={value!r}: must be a list of tiers ({', '.join(TIERS)}), e.g. [target]")
+    for tier in value:
+        if tier not in TIERS:
+            raise KernelsightError(f"{setting}: {tier!r} is not a tier ({', '.join(TIERS)})")
+    return tuple(value)
+
+
+def _objective(value, setting):
+    if value not in OBJECTIVES:
+        raise KernelsightError(f"{setting}={value!r}: must be one of {', '.join(OBJECTIVES)}"
+                               f"{did_you_mean(str(value), OBJECTIVES)}")
+    return value
+
+
+_LEARNER_RULES = {
+    "num_trees": _count(1), "learning_rate": _real(0.0, True), "num_leaves": _count(2),
+    "min_data_in_leaf": _count(0), "linear_tiers": _tiers, "linear_lambda": _real(0.0, False),
+    "gap_tiers": _tiers, "objective": _objective, "num_threads": _count(1),
+    "seed": lambda value, setting: check_seed(value, setting), "eta_floor": _real(0.0, True),
+}
+
+
 class EtaRegressor:
     """LightGBM regression of log η on the family's features of one tier.
 
@@ -80,6 +145,12 @@ class EtaRegressor:
                  learning_rate: float = 0.2, num_leaves: int = 31, min_data_in_leaf: int = 20,
                  linear_tiers: tuple = (), linear_lambda: float = 0.0, gap_tiers: tuple = (),
                  objective: str = "regression", num_threads: int = 1, seed: int = 0, eta_floor: float = 1.0):
+        check_learner(num_trees=num_trees, learning_rate=learning_rate, num_leaves=num_leaves,
+                      min_data_in_leaf=min_data_in_leaf, linear_tiers=linear_tiers, linear_lambda=linear_lambda,
+                      gap_tiers=gap_tiers, objective=objective, num_threads=num_threads, seed=seed,
+                      eta_floor=eta_floor)
+        if tier not in TIERS:
+            raise KernelsightError(f"tier={tier!r}: must be one of {', '.join(TIERS)}")
         self.family, self.tier, self.device = family, tier, device
         self.num_trees, self.learning_rate, self.num_leaves = num_trees, learning_rate, num_leaves
         self.min_data_in_leaf, self.objective = min_data_in_leaf, objective
@@ -132,6 +203,7 @@ class EtaRegressor:
         for name in names:  # a feature that is NaN for every training row: no range to clamp to
             if name not in self.card_["ranges"] and name not in self.card_["categories"]:
                 self.card_["ranges"][name] = [float("-inf"), float("inf")]
+        self.model_text_ = slim_model_text(self.model_text_, self.card_)  # as published: evaluated = shipped
         self.model_ = EtaModel(self.model_text_, self.card_, f"{self.family}/{self.tier} (in memory)")
         return self
 
@@ -141,16 +213,21 @@ class EtaRegressor:
         return eta
 
 
-def run_fits(tasks: Sequence[Callable[[], T]], jobs: int) -> list[T]:
+def run_fits(tasks: Sequence[Callable[[], T]], jobs: int, progress=None, desc: str = "fits") -> list[T]:
     """Independent fits on up to `jobs` threads, results in task order. LightGBM releases the GIL while
     it trains and predicts, and each model trains on its own single thread (learner.num_threads), so the
-    results, bundles included, do not depend on `jobs`."""
+    results, bundles included, do not depend on `jobs`. progress: a tqdm-like factory for a bar over the
+    fits (as they finish, in order), or None."""
     jobs = min(jobs, len(tasks))
+
+    def track(results):
+        return progress(results, total=len(tasks), desc=desc, unit="fit") if progress and tasks else results
+
     if jobs <= 1:
-        return [task() for task in tasks]
+        return list(track(task() for task in tasks))
     pool = ThreadPoolExecutor(jobs)
     try:
-        return list(pool.map(lambda task: task(), tasks))
+        return list(track(pool.map(lambda task: task(), tasks)))
     finally:  # an error or Ctrl-C drops the fits not started yet
         pool.shutdown(wait=True, cancel_futures=True)
 

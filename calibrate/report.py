@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kernelsight.predictor.outputs import ensure_dir, save_figure, write_json, write_text
+
 from .evaluate import DECODE_SIZED, DIAGNOSTIC, DIAGNOSTICS, MODELS, NO_SIBLING, TOKEN_FIELDS, headline, metrics
 
 PLOT_POINTS = 1500
@@ -56,8 +58,7 @@ def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.Dat
                  settings: dict, timings: dict, plots: bool = True, seed: int = 0,
                  repeats: pd.DataFrame | None = None, others: pd.DataFrame | None = None) -> dict:
     """Write evaluation.json, REPORT.md and the PNGs under `out`; return the summary dict."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = ensure_dir(Path(out), "out")
     per = metrics(scored)
     head = headline(scored)
     result = {"headline_mape": head.to_dict(orient="records"), "per_split": per.to_dict(orient="records"),
@@ -65,8 +66,7 @@ def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.Dat
               "eta_lt_1_kept": eta_lt_1.to_dict(orient="records"), "settings": settings, "timings_s": timings,
               "repeat_measurements": [] if repeats is None else repeats.to_dict(orient="records"),
               "other_sources": _other_metrics(others).to_dict(orient="records")}
-    (out / "evaluation.json").write_text(json.dumps(result, indent=1, sort_keys=True, default=str) + "\n",
-                                         encoding="utf-8")
+    write_json(out / "evaluation.json", result, sort_keys=True)
     pngs = _plots(out, scored, seed) if plots and not scored.empty else []
     is_target = scored["tier"] == "target" if not scored.empty else []
     pooled_folds = metrics(scored[is_target].assign(split="K-fold")) if not scored.empty else per
@@ -112,7 +112,7 @@ def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.Dat
           "", markdown_table(pd.DataFrame(sorted(timings.items()), columns=["step", "seconds"])), ""]
     if pngs:
         md += ["## Plots", ""] + [f"![{p}]({p})" for p in pngs] + [""]
-    (out / "REPORT.md").write_text("\n".join(md), encoding="utf-8")
+    write_text(out / "REPORT.md", "\n".join(md))
     return {"headline_mape": [{k: (round(v, 3) if isinstance(v, float) and np.isfinite(v) else
                                    (None if isinstance(v, float) else v)) for k, v in r.items()}
                               for r in result["headline_mape"]]}
@@ -177,7 +177,7 @@ def _plots(out: Path, scored: pd.DataFrame, seed: int) -> list[str]:
                 ax.legend(fontsize=6, markerscale=3)
         fig.tight_layout()
         name = f"parity_{family}.png"
-        fig.savefig(out / name, dpi=90)
+        save_figure(fig, out / name, dpi=90)
         plt.close(fig)
         names.append(name)
 
@@ -200,7 +200,7 @@ def _plots(out: Path, scored: pd.DataFrame, seed: int) -> list[str]:
         fig.suptitle(f"{family}: η vs its dominant shape parameter")
         fig.tight_layout()
         name = f"eta_{family}.png"
-        fig.savefig(out / name, dpi=80)
+        save_figure(fig, out / name, dpi=80)
         plt.close(fig)
         names.append(name)
     return names

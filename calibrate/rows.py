@@ -56,8 +56,15 @@ def input_files(paths) -> list[Path]:
     """Every sweep file under the given files/directories, sorted, each once."""
     paths = [Path(p) for p in (paths or default_inputs())]
     if not paths:
-        raise KernelsightError("no calibration inputs: data/public and data/sweeps are absent; pass data.paths=[...]")
+        raise KernelsightError("no calibration inputs: data/public and data/sweeps are not installed with the "
+                               "package (the reference data lives in the kernelsight source repository: run from "
+                               "a checkout), and no data.paths=[...] was given")
     return sorted({f.resolve() for p in paths for f in sweep_files(p)})
+
+
+def devices_in(files) -> list[str]:
+    """The GPUs the given sweep files hold rows of, from their device column alone (fast: no row is loaded)."""
+    return sorted({d for f in files for d in read_sweep(f, columns=["device"])["device"].unique()})
 
 
 def load_rows(files) -> pd.DataFrame:

@@ -11,14 +11,12 @@ through the sweep writer, so collectives resume like kernels do.
 
 Two launchers, one worker: `kernelsight bench` spawns one process per GPU
 (or `collectives.world_size` CPU processes) itself; on a multi-node or custom
-setup run `torchrun --nproc-per-node N -m kernelsight.microbench.collectives
-[bench overrides]`, which composes the same config.
+setup run `torchrun --nproc-per-node N -m kernelsight.cli.bench [bench overrides]`,
+which composes the same config and calls run_job on every rank.
 """
 from __future__ import annotations
 
-import os
 import socket
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -213,27 +211,3 @@ def spawn(job: CollectiveJob, world: int) -> None:
     print(HEADER, flush=True)
     mp.start_processes(worker, args=(world, free_port(), job), nprocs=world,
                        start_method="spawn" if job.backend == "nccl" else "fork")
-
-
-def main(argv: list[str] | None = None) -> None:
-    """torchrun entry: rank 0 composes the bench config from the overrides; every rank runs its collectives."""
-    from .commands import collectives_job_from_overrides
-
-    overrides = list(sys.argv[1:] if argv is None else argv)
-    gpu = "device=cpu" not in overrides
-    if gpu:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-    dist.init_process_group("nccl" if gpu else "gloo")
-    try:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        box = [collectives_job_from_overrides(overrides) if rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        if rank == 0:
-            print(HEADER, flush=True)
-        run_job(box[0], rank, world)
-    finally:
-        dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    main()

@@ -25,7 +25,37 @@ from kernelsight.predictor.families import COLLECTIVES, Shape, get_family, make_
 from kernelsight.predictor.families.collectives import link_time
 from kernelsight.predictor.roofline import roofline_shape
 
-from .timing import FLUSH_L2_MULTIPLE, FLUSH_MIN_BYTES
+FLUSH_L2_MULTIPLE = 4          # the cold-L2 flush writes this many times the L2 ...
+FLUSH_MIN_BYTES = 256 << 20    # ... and at least this much
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How every kernel is timed (a sweep's timing: section), checked when built; here, beside the grid, so a
+    command checks it before torch is imported (timing.Clock applies it)."""
+
+    l2: str = "cold"              # 'cold' (flush before every timed call) or 'hot'
+    warmup: int = 3               # untimed calls before timing
+    min_reps: int = 10
+    max_reps: int = 200
+    budget_ms: float = 100.0      # stop after this much timed kernel time (once min_reps are done)
+    cuda_graph: str = "auto"      # 'auto' (replay calls < graph_below_us), 'on', 'off'
+    graph_below_us: float = 50.0
+    cpu_flush_mb: int = 64
+
+    def __post_init__(self):
+        if isinstance(self.cuda_graph, bool):  # YAML reads on/off as booleans
+            object.__setattr__(self, "cuda_graph", "on" if self.cuda_graph else "off")
+        if self.l2 not in ("cold", "hot"):
+            raise KernelsightError(f"timing.l2 = {self.l2!r}: must be 'cold' or 'hot'")
+        if self.cuda_graph not in ("auto", "on", "off"):
+            raise KernelsightError(f"timing.cuda_graph = {self.cuda_graph!r}: must be 'auto', 'on' or 'off'")
+        for name in ("warmup", "min_reps", "max_reps", "budget_ms", "graph_below_us", "cpu_flush_mb"):
+            if getattr(self, name) < (0 if name == "warmup" else 1):
+                raise KernelsightError(f"timing.{name} = {getattr(self, name)!r}: must be positive")
+        if self.min_reps > self.max_reps:
+            raise KernelsightError(f"timing.min_reps ({self.min_reps}) > timing.max_reps ({self.max_reps})")
+
 
 # -- estimate assumptions ---------------------------------------------------------
 ASSUMED_ETA = 2.0           # kernels take this multiple of their roofline time

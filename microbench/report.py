@@ -17,6 +17,7 @@ import pandas as pd
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.families import REGISTRY
 from kernelsight.predictor.hardware import load_hardware
+from kernelsight.predictor.outputs import ensure_dir, save_figure, write_text
 from kernelsight.predictor.roofline import roofline_frame
 from kernelsight.predictor.sweep import read_sweep
 
@@ -69,7 +70,7 @@ def plot_roofline(frame: pd.DataFrame, hw, path: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path, dpi=120)
     plt.close(fig)
 
 
@@ -93,12 +94,13 @@ def plot_eta(frame: pd.DataFrame, path: Path) -> None:
     for ax in list(axes.flat)[len(families):]:
         ax.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
     plt.close(fig)
 
 
 def write_report(sweep, out, hardware: str | None = None) -> dict:
     """Read a sweep, write roofline.png, eta.png and summary.md into `out`; returns paths and the table."""
+    out = ensure_dir(Path(out), "out", create=False)  # checked now, made by the first write
     df = read_sweep(sweep)
     devices = sorted(df["device"].unique())
     if len(devices) != 1:
@@ -108,11 +110,9 @@ def write_report(sweep, out, hardware: str | None = None) -> dict:
                                f"hardware=<catalog key> to report against one")
     hw = load_hardware(hardware or devices[0])
     frame = eta_frame(df, hw)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     table = summary_table(frame)
     paths = {"roofline": out / "roofline.png", "eta": out / "eta.png", "summary": out / "summary.md"}
     plot_roofline(frame, hw, paths["roofline"])
     plot_eta(frame, paths["eta"])
-    paths["summary"].write_text(markdown(table, f"η per family: {sweep} on {hw.key} ({len(frame)} ok rows)"))
+    write_text(paths["summary"], markdown(table, f"η per family: {sweep} on {hw.key} ({len(frame)} ok rows)"))
     return {"paths": paths, "table": table, "hardware": hw.key}

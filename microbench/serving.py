@@ -13,25 +13,36 @@ the kernels and shapes are the architecture's, the tokens meaningless, so every 
 (`record_timestamps`, time.perf_counter) against the moment the client handed the request over:
 TTFT = first token - send, TPOT = (last - first) / (tokens - 1), as `vllm bench serve` defines them.
 
-The requests are the simulator's own (sim/workload.py, the same seed): arrival times, lengths and shared
-prefixes come from `Workload.requests`, and every run writes them as a trace (`<workload>_trace.csv`),
-so `kernelsight simulate workload=trace workload.trace_file=<that file>` replays exactly what was measured.
+The requests are the simulator's own (sim/workload.py, the same seed): `kernelsight bench serve` draws
+arrival times, lengths and shared prefixes from `Workload.requests` for ServeWorkload.workload_mapping(),
+and every run writes them as a trace (`<workload>_trace.csv`), so
+`kernelsight simulate workload=trace workload.trace_file=<that file>` replays exactly what was measured.
+Requests are duck-typed here (arrival_time, output_len, segments): this module never imports the simulator.
 """
 from __future__ import annotations
 
 import json
 import threading
 import time
+import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from kernelsight.predictor.errors import KernelsightError
-from kernelsight.sim.request import SHARED_PREFIX
-from kernelsight.sim.workload import Workload, WorkloadConfig
+from kernelsight.predictor.errors import KernelsightError, whole_number
 
 ARRIVALS = ("poisson", "closed_loop")
+SIZE_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
+               "head_dim", "vocab_size")  # of an HF config: whole numbers >= 1 where set
+DTYPES = ("bf16", "fp16", "fp32")  # of the random-weight model (no fp8: nothing quantizes random weights)
+
+
+def check_dtype(dtype) -> str:
+    """The model dtype of a serving run, checked without importing torch (so a typo fails at once)."""
+    if dtype not in DTYPES:
+        raise KernelsightError(f"dtype={dtype!r}; choose {', '.join(DTYPES[:-1])} or {DTYPES[-1]}")
+    return dtype
 
 
 @dataclass(frozen=True)
@@ -77,20 +88,42 @@ class ServeWorkload:
                    isl=ints["isl"], osl=ints["osl"], num_requests=ints["num_requests"],
                    shared_prefix=ints["shared_prefix"])
 
-    def sim_config(self) -> WorkloadConfig:
+    def workload_mapping(self) -> dict:
         """The same traffic as a simulator workload (conf/workload schema): Poisson at `rate`, or `concurrency`
         closed-loop clients (request_rate inf + max_concurrency); the shared prefix is one system prompt."""
         closed = self.arrival == "closed_loop"
-        return WorkloadConfig.from_config({
-            "name": self.name, "arrival": "poisson", "request_rate": float("inf") if closed else self.rate,
-            "max_concurrency": self.concurrency if closed else None,
-            "input": {"dist": "fixed", "value": self.isl - self.shared_prefix},
-            "output": {"dist": "fixed", "value": self.osl},
-            "system_prompts": 1 if self.shared_prefix else 0, "system_prompt_len": self.shared_prefix})
+        return {"name": self.name, "arrival": "poisson", "request_rate": float("inf") if closed else self.rate,
+                "max_concurrency": self.concurrency if closed else None,
+                "input": {"dist": "fixed", "value": self.isl - self.shared_prefix},
+                "output": {"dist": "fixed", "value": self.osl},
+                "system_prompts": 1 if self.shared_prefix else 0, "system_prompt_len": self.shared_prefix}
 
-    def requests(self, seed: int) -> list:
-        """The simulator's request stream for this workload (sim.request.Request, in arrival order)."""
-        return list(Workload(self.sim_config()).requests(self.num_requests, seed))
+
+def model_config(hf_config: str | Path, overrides: dict) -> tuple[str, dict]:
+    """(model_type, fields) of the architecture in an HF config.json plus overrides, checked without torch or
+    transformers (a readable file, a model_type, sizes that are whole numbers >= 1), so a bad file fails at
+    once."""
+    path = Path(hf_config)
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise KernelsightError(f"{path}: not a readable config.json ({e})") from None
+    if not isinstance(raw, dict):
+        raise KernelsightError(f"{path}: not a config.json (expected an object of settings)")
+    raw.pop("quantization_config", None)  # random weights: quantized checkpoints' layout does not apply
+    model_type = raw.pop("model_type", None)
+    if not model_type:
+        raise KernelsightError(f"{path}: no model_type")
+    overrides = dict(overrides or {})
+    merged = {**raw, **overrides}
+    for key in SIZE_FIELDS:
+        if merged.get(key) is not None:
+            whole_number(merged[key], f"model_overrides.{key}" if key in overrides else f"{path}: {key}")
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):  # ids beyond an overridden vocabulary
+        ids = merged.get(key)
+        if ids is not None and any(i >= merged.get("vocab_size", np.inf) for i in np.atleast_1d(ids)):
+            merged[key] = None
+    return model_type, merged
 
 
 def build_model(hf_config: str | Path, overrides: dict, dtype: str, device: str, attn_implementation: str,
@@ -99,26 +132,11 @@ def build_model(hf_config: str | Path, overrides: dict, dtype: str, device: str,
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    path = Path(hf_config)
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as e:
-        raise KernelsightError(f"{path}: not a readable config.json ({e})") from None
-    raw.pop("quantization_config", None)  # random weights: quantized checkpoints' layout does not apply
-    model_type = raw.pop("model_type", None)
-    if not model_type:
-        raise KernelsightError(f"{path}: no model_type")
-    merged = {**raw, **dict(overrides or {})}
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):  # ids beyond an overridden vocabulary
-        ids = merged.get(key)
-        if ids is not None and any(i >= merged.get("vocab_size", np.inf) for i in np.atleast_1d(ids)):
-            merged[key] = None
+    model_type, merged = model_config(hf_config, overrides)
     config = AutoConfig.for_model(model_type, **merged)
     from .providers.base import TORCH_DTYPES
 
-    torch_dtype = TORCH_DTYPES.get(dtype) if dtype != "fp8" else None  # fp8: no fp8 random-weight models
-    if torch_dtype is None:
-        raise KernelsightError(f"dtype={dtype!r}; choose bf16, fp16 or fp32")
+    torch_dtype = TORCH_DTYPES[check_dtype(dtype)]
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch_dtype, attn_implementation=attn_implementation)
@@ -132,16 +150,6 @@ def prompt_tokens(request, vocab: int, seed: int) -> list[int]:
     for (kind, content), length in request.segments:
         out += np.random.default_rng([seed, kind, content]).integers(1, vocab, size=length).tolist()
     return out
-
-
-def trace_rows(requests: list) -> list[dict]:
-    """The requests as a trace the simulator replays (sim/workload.py load_trace columns)."""
-    rows = []
-    for r in requests:
-        shared = [length for (kind, _), length in r.segments if kind == SHARED_PREFIX]
-        rows.append({"arrival_time": r.arrival_time, "input_len": r.prompt_len, "output_len": r.output_len,
-                     "prefix_group": 0 if shared else None, "prefix_len": shared[0] if shared else 0})
-    return rows
 
 
 class _Client:
@@ -246,3 +254,22 @@ def summarize(rows: list[dict], workloads: list[ServeWorkload]) -> list[dict]:
                     "tpot_ms": part["tpot_ms"].mean(), "tpot_median_ms": part["tpot_ms"].median(),
                     "output_tokens_per_s": part["output_len"].sum() / span if span > 0 else float("nan")})
     return out
+
+
+def read_measured(run_dir: Path) -> dict:
+    """workloads.json of a run: per measured workload its settings, seed, engine settings and start time."""
+    path = run_dir / "workloads.json"
+    if not path.is_file():
+        return {}
+    try:
+        measured = json.loads(path.read_text(encoding="utf-8"))
+        for name, m in measured.items():
+            ServeWorkload.from_mapping(name, m["workload"])
+        return measured
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError, KernelsightError) as e:
+        raise KernelsightError(f"{path}: not a workloads record of bench serve ({e})") from None
+
+
+def workload_seed(seed: int, name: str) -> int:
+    """A workload's own seed (its requests do not change when other workloads are added or skipped)."""
+    return seed * 1_000_003 + zlib.crc32(name.encode())

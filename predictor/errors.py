@@ -1,4 +1,5 @@
 """One error type for bad input: the CLI prints its message as a single line."""
+import numbers
 
 
 class KernelsightError(ValueError):
@@ -32,7 +33,14 @@ def did_you_mean(word: str, choices) -> str:
 
 
 def whole_number(value, setting: str, minimum: int = 1, hint: str = "") -> int:
-    """A setting that must be an integer >= minimum (a bool is not), or one line naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    """A setting that must be an integer >= minimum, or one line naming it. A bool is not an integer here
+    (YAML `true` would count as 1), nor is a float or a string; numpy integers are."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise KernelsightError(f"{setting}={value!r}: must be an integer >= {minimum}{f' ({hint})' if hint else ''}")
-    return value
+    return int(value)
+
+
+def check_seed(value, setting: str = "seed") -> int:
+    """A random seed: an integer >= 0, or one line naming the setting (numpy's generators refuse a
+    negative seed with a traceback and turn a float or a bool into some other seed)."""
+    return whole_number(value, setting, minimum=0, hint="a random seed")

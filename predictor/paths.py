@@ -8,6 +8,7 @@ to the checkout.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 from functools import lru_cache
 from importlib.resources import files
@@ -61,6 +62,30 @@ def conf_dir() -> Path:
 def data_dir() -> Path:
     """The committed data root (data/: sweeps/, public/, artifacts/, validation/)."""
     return _package_dir("kernelsight.data", "data")
+
+
+def reference_data(*parts: str, what: str = "this command") -> Path:
+    """A folder or file under data/ that only a source checkout holds (data/public, data/sweeps,
+    data/validation), or one line saying where that data lives when the installed package lacks it."""
+    path = data_dir().joinpath(*parts)
+    if not path.exists():
+        rel = "/".join(("data", *parts))
+        raise KernelsightError(f"{what} needs {rel}, which is not installed with the package: the reference "
+                               f"data lives in the kernelsight source repository; run it from a checkout "
+                               f"(pip install -e .)")
+    return path
+
+
+def cache_dir() -> Path:
+    """Where kernelsight keeps what it builds on demand (bundles/<name>, ...): $KERNELSIGHT_CACHE, else
+    $XDG_CACHE_HOME/kernelsight, else ~/.cache/kernelsight. Never inside the installed package, which may
+    be read-only and is replaced on upgrade. Not created here."""
+    explicit = os.environ.get("KERNELSIGHT_CACHE")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
+    return base / "kernelsight"
 
 
 def read_yaml(path: str | Path, what: str) -> Any:

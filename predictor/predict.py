@@ -1,8 +1,10 @@
 """Kernel latency prediction: roofline time times η, the family's efficiency gap.
 
-`Predictor.latency(family, cols)` is what the simulator calls for every kernel
-it prices; `predict_frame(df)` prices a whole sweep-like frame. η comes from an
-η bundle (predictor/bundle.py; the one shipped in the package by default):
+`Predictor.predict` is the one entry point: a DataFrame of kernel shapes (any
+mix of families) gives a DataFrame of latencies, and the columns of one family
+(family=...) give arrays, the path the simulator prices its steps with (no
+frame is built per step). η comes from an η bundle (predictor/bundle.py; the
+one shipped in the package by default):
 
   tier 'target'   the model fitted on this GPU's own sweep;
   tier 'cross'    no data of this GPU: a die sibling's target model where the
@@ -27,7 +29,7 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 
-from .bundle import Bundle, EtaModel, default_bundle_dir, load_bundle, shared_bundle
+from .bundle import Bundle, default_bundle_dir, load_bundle, shared_bundle
 from .errors import KernelsightError, did_you_mean
 from .features import feature_matrix
 from .hardware import Hardware, load_hardware
@@ -66,7 +68,7 @@ class Predictor:
         return load_bundle(bundle)
 
     # -- which models price a family ---------------------------------------------------
-    def models(self, family: str) -> tuple:
+    def _models(self, family: str) -> tuple:
         """(target model or None, cross model or None, die siblings [(Hardware, target model)]) for `family`."""
         if family not in self._chosen:
             self._chosen[family] = self._choose(family)
@@ -100,14 +102,55 @@ class Predictor:
         return target, cross, siblings
 
     # -- prediction ------------------------------------------------------------------------
-    def estimate(self, family: str, cols: Mapping, roof: Mapping | None = None) -> dict:
+    def predict(self, shapes, family: str | None = None):
+        """Predicted latency of kernels on this GPU, with the tier and model that priced each one.
+
+        shapes: a DataFrame of kernel shapes, a 'family' column and each family's shape columns (sweep-contract
+        names, any mix of families). Returns a DataFrame with the same index: the roofline terms (flops,
+        bytes, blocks, wave_factor, t_compute, t_memory, t_roof in s, bound), eta, latency_us, tier, model and
+        the extrapolated flag (inputs outside the training range, clamped to it).
+
+        Or a mapping of column arrays of one family, with family=...: returns a dict of arrays (t_roof and the
+        other roofline terms, eta, seconds, tier, model, extrapolated), so callers pricing many small batches
+        (the simulator) build no frame.
+        """
+        if isinstance(shapes, pd.DataFrame):
+            if family is not None:
+                raise KernelsightError("predict(frame): the frame's 'family' column names the families; "
+                                       "family= is for a mapping of one family's columns")
+            return self._predict_frame(shapes)
+        if family is None:
+            raise KernelsightError("predict(columns): a mapping of shape columns needs family=<family>")
+        roof = roofline_columns(family, shapes, self.hw)
+        out = {**roof, **self._estimate(family, shapes, roof)}
+        out["seconds"] = roof["t_roof"] * out["eta"]
+        return out
+
+    def _predict_frame(self, df: pd.DataFrame) -> pd.DataFrame:
+        out = roofline_frame(df, self.hw)
+        n = len(df)
+        eta, extrapolated = np.ones(n), np.zeros(n, dtype=bool)
+        tier, model = np.full(n, ROOFLINE, dtype=object), np.full(n, ROOFLINE, dtype=object)
+        if n:
+            for family, idx in df.groupby("family", sort=False).indices.items():
+                part = df.iloc[idx]
+                roof = {k: out[k].to_numpy()[idx] for k in out.columns}
+                res = self._estimate(family, {c: part[c].to_numpy() for c in part.columns}, roof)
+                eta[idx], tier[idx], model[idx], extrapolated[idx] = (res["eta"], res["tier"], res["model"],
+                                                                      res["extrapolated"])
+        out["eta"] = eta
+        out["latency_us"] = out["t_roof"].astype(float).to_numpy() * eta * 1e6
+        out["tier"] = tier
+        out["model"] = model
+        out["extrapolated"] = extrapolated
+        return out
+
+    def _estimate(self, family: str, cols: Mapping, roof: Mapping) -> dict:
         """η, tier, model label and extrapolated flag for each kernel of one family."""
-        if roof is None:
-            roof = roofline_columns(family, cols, self.hw)
         n = len(roof["t_roof"])
         out = {"eta": np.ones(n), "tier": np.full(n, ROOFLINE, dtype=object),
                "model": np.full(n, ROOFLINE, dtype=object), "extrapolated": np.zeros(n, dtype=bool)}
-        target, cross, siblings = self.models(family)
+        target, cross, siblings = self._models(family)
         if n == 0 or (target is None and cross is None and not siblings):
             return out
         rest = np.ones(n, dtype=bool)
@@ -137,35 +180,3 @@ class Predictor:
             warnings.warn(f"bundle {self.bundle.path} has no cross-device {family} model: {int((~priced).sum())} "
                           f"{family} kernels on {self.hw.key} that no die sibling covers are plain roofline (η = 1)",
                           stacklevel=4)
-
-    def latency(self, family: str, cols: Mapping) -> np.ndarray:
-        """Predicted seconds for each kernel described by `cols` (one family)."""
-        return self.priced(family, cols)["seconds"]
-
-    def priced(self, family: str, cols: Mapping) -> dict:
-        """estimate() of each kernel (η, tier, model, extrapolated) plus its predicted 'seconds'."""
-        roof = roofline_columns(family, cols, self.hw)
-        out = self.estimate(family, cols, roof)
-        out["seconds"] = roof["t_roof"] * out["eta"]
-        return out
-
-    def predict_frame(self, df: pd.DataFrame) -> pd.DataFrame:
-        """Roofline (s), η, predicted latency (ms), tier, model and extrapolated flag per row (any families)."""
-        out = roofline_frame(df, self.hw)
-        eta = np.ones(len(df))
-        tier = np.full(len(df), ROOFLINE, dtype=object)
-        model = np.full(len(df), ROOFLINE, dtype=object)
-        extrapolated = np.zeros(len(df), dtype=bool)
-        for family, idx in df.groupby("family", sort=False).indices.items():
-            part = df.iloc[idx]
-            roof = {k: out[k].to_numpy()[idx] for k in out.columns}
-            cols = {c: part[c].to_numpy() for c in part.columns}
-            res = self.estimate(family, cols, roof)
-            eta[idx], tier[idx], model[idx], extrapolated[idx] = (res["eta"], res["tier"], res["model"],
-                                                                  res["extrapolated"])
-        out["eta"] = eta
-        out["predicted_ms"] = out["t_roof"].astype(float).to_numpy() * eta * 1e3
-        out["tier"] = tier
-        out["model"] = model
-        out["extrapolated"] = extrapolated
-        return out

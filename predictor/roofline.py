@@ -60,12 +60,20 @@ def roofline_shape(shape: Shape, hw) -> dict:
 
 
 def roofline_frame(df: pd.DataFrame, hw) -> pd.DataFrame:
-    """Roofline of every row of a sweep-like frame (any mix of families), same index."""
-    if "family" not in df.columns:
-        raise KernelsightError("frame has no 'family' column")
+    """Roofline of every row of a sweep-like frame (any mix of families), same index.
+
+    An empty frame gives an empty result (with or without its columns); a row without a family is
+    refused by row, since grouping would silently leave it unpriced."""
     out = pd.DataFrame(index=df.index, columns=["flops", "bytes", "blocks", "wave_factor",
                                                 "t_compute", "t_memory", "t_roof", "bound"])
     out = out.astype({c: "float64" for c in out.columns if c != "bound"})
+    if df.empty:
+        return out
+    if "family" not in df.columns:
+        raise KernelsightError("frame has no 'family' column")
+    missing = df["family"].isna().to_numpy()
+    if missing.any():
+        raise KernelsightError(f"row {df.index[np.flatnonzero(missing)[0]]}: family is empty")
     for family, part in df.groupby("family", sort=False):
         fam = get_family(family)
         cols = {c: part[c].to_numpy() for c in fam.columns if c in part.columns}

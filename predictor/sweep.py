@@ -18,7 +18,6 @@ A sweep is one file or a directory of shard files (*.parquet).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -26,8 +25,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .errors import KernelsightError
+from .errors import KernelsightError, did_you_mean
 from .families import REGISTRY, SHAPE_COLUMNS, get_family
+from .hardware import list_hardware, resolve_device
+from .outputs import atomic_file
 
 SCHEMA_VERSION = 1
 META_VERSION = b"kernelsight.schema_version"
@@ -35,6 +36,9 @@ META_ENV = b"kernelsight.environment"
 
 STATUSES = ("ok", "failed", "mismatch")
 TIMINGS = ("cold", "hot", "unknown")
+# Devices a sweep may name besides the hardware catalog's keys: CPU-mode sweeps of the harness
+# (microbench.environment.CPU_DEVICE), which exercise the pipeline but price nothing.
+NON_CATALOG_DEVICES = ("cpu",)
 
 
 def _shape_type(name: str) -> pa.DataType:
@@ -103,13 +107,17 @@ def _check_values(df: pd.DataFrame, where: str) -> None:
         i = df.index[np.flatnonzero(np.asarray(mask))[0]]
         raise KernelsightError(f"{where}: row {i}: {msg}")
 
+    if df.empty:
+        raise KernelsightError(f"{where}: no rows (a sweep file holds at least one measured configuration)")
     for col in ("family", "provider", "device", "source", "sweep_id"):
         if df[col].isna().any():
             fail(df[col].isna(), f"{col} is empty")
     unknown = ~df["family"].isin(list(REGISTRY))
     if unknown.any():
         bad = df["family"][unknown].iloc[0]
-        get_family(bad)  # raises with a did-you-mean
+        fail(unknown, f"family = {bad!r}: unknown kernel family{did_you_mean(str(bad), REGISTRY)}; "
+                      f"known: {', '.join(REGISTRY)}")
+    _check_devices(df, fail)
     for col, allowed in (("status", STATUSES), ("timing", TIMINGS)):
         bad = ~df[col].isin(allowed)
         if bad.any():
@@ -125,22 +133,30 @@ def _check_values(df: pd.DataFrame, where: str) -> None:
                      index=part.index.to_numpy())
 
 
-def write_sweep(df: pd.DataFrame, path, environment: dict | None = None) -> Path:
-    """Write a sweep file atomically: a temp file renamed into place, never a half file."""
-    path = Path(path)
-    table = _to_table(conform(df, where=str(path)), environment)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+def _check_devices(df: pd.DataFrame, fail) -> None:
+    """Every device is a hardware catalog key (an alias or raw device name is refused, naming the key)."""
+    keys = list_hardware()
+    unknown = ~df["device"].isin(keys + list(NON_CATALOG_DEVICES))
+    if not unknown.any():
+        return
+    bad = df["device"][unknown].iloc[0]
     try:
+        hint = f" (did you mean {resolve_device(str(bad))!r}?)"
+    except KernelsightError:
+        hint = did_you_mean(str(bad), keys)
+    fail(unknown, f"device = {bad!r}: not a hardware catalog key{hint}")
+
+
+def write_sweep(df: pd.DataFrame, path, environment: dict | None = None, setting: str = "out") -> Path:
+    """Write a sweep file atomically (outputs.atomic_file): a temp file renamed into place, never a half file."""
+    path = Path(path)
+    table = _to_table(conform(df, where=str(path)), environment, str(path))
+    with atomic_file(path, setting) as tmp:
         pq.write_table(table, tmp, compression="zstd")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     return path
 
 
-def _to_table(df: pd.DataFrame, environment: dict | None) -> pa.Table:
+def _to_table(df: pd.DataFrame, environment: dict | None, where: str = "sweep") -> pa.Table:
     arrays = []
     for field in SCHEMA:
         col = df[field.name]
@@ -149,7 +165,8 @@ def _to_table(df: pd.DataFrame, environment: dict | None) -> pa.Table:
         try:
             arrays.append(pa.array(col, type=field.type, from_pandas=True))
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
-            raise KernelsightError(f"column {field.name!r} does not fit {field.type}: {e}") from None
+            raise KernelsightError(f"{where}: column {field.name!r} does not fit {field.type}: "
+                                   f"{str(e).splitlines()[0]}") from None
     meta = {META_VERSION: str(SCHEMA_VERSION).encode(),
             META_ENV: json.dumps(environment or {}, sort_keys=True, default=str).encode()}
     return pa.Table.from_arrays(arrays, schema=SCHEMA.with_metadata(meta))
@@ -205,20 +222,24 @@ def read_sweep(path, validate: bool = True, columns=None, filters=None) -> pd.Da
     wanted = list(COLUMNS) if columns is None else list(columns)
     unknown = [c for c in wanted if c not in COLUMNS]
     if unknown:
-        raise KernelsightError(f"not sweep column(s): {', '.join(unknown)}")
+        raise KernelsightError(f"{path}: not sweep column(s): {', '.join(map(str, unknown))}")
     frames, env = [], None
     for f in sweep_files(path):
         meta = _read_meta(f)
         try:
+            if pq.read_metadata(f).num_rows == 0:
+                raise KernelsightError(f"{f}: no rows (an empty sweep file)")
             table = pq.read_table(f, columns=wanted, filters=filters)
         except (pa.ArrowInvalid, OSError) as e:
             raise KernelsightError(f"{f}: not a readable Parquet file (truncated or corrupt?): "
                                    f"{str(e).splitlines()[0]}") from None
-        frames.append(table.to_pandas())
+        frame = table.to_pandas()
+        if validate and columns is None and (filters is None or len(frame)):
+            # rows are numbered within their file (within what the filters kept of it)
+            _check_values(frame, str(f) if filters is None else f"{f} (rows matching the filters)")
+        frames.append(frame)
         if env is None:
             env = json.loads(meta.get(META_ENV, b"{}"))
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-    if validate and columns is None:
-        _check_values(df, str(path))
     df.attrs["environment"] = env or {}
     return df

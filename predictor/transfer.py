@@ -1,15 +1,12 @@
 """Die-sibling transfer: price a GPU with no data of its own from a measured GPU built on the same die.
 
 Why: the cross-device LightGBM model has to learn every architecture's kernel
-efficiency from hardware features, which for an unseen GPU costs 10-35 % MAPE
-on GEMM and attention. GPUs that share the compute die (H100 SXM / H200 /
-GH200, B200 / GB200, the A100 variants) run the same kernels; what differs is
-clocks, SM count and memory. Measured on the committed data (calibration
-report, cross tier, leave-one-GPU-out): H100 priced from H200 rows has 6.0 /
-3.5 / 3.6 % MAPE on GEMM / prefill / decode attention against 13.8 / 33.1 /
-14.8 % for the LightGBM cross model; GB200 from B200 7.1 / 4.3 / 5.8 against
-11.0 / 8.0 / 11.0. Of the pairs evaluated only A100 PCIe GEMMs priced from the
-40 GB card do slightly worse (12.7 against 11.9 %).
+efficiency from hardware features, which for an unseen GPU is far less
+accurate than a model of the GPU itself. GPUs that share the compute die (H100
+SXM / H200 / GH200, B200 / GB200, the A100 variants) run the same kernels;
+what differs is clocks, SM count and memory. The calibration report scores
+the transfer (cross tier, leave-one-GPU-out, "no sibling" beside it);
+docs/validation.md quotes the current figures.
 
 How a sibling's measurement moves to the new GPU: a kernel's time on the
 sibling S is t_S = t_roof_S * eta_S; its roofline part moves with the roofline
@@ -18,15 +15,11 @@ kernel on the same SM design) carries over:
 
     t_D = t_roof_D + (t_S - t_roof_S),  i.e.  eta_D = 1 + (eta_S - 1) * t_roof_S / t_roof_D.
 
-Alternatives tried on the same leave-one-device-out folds with one-off development scripts (not
-reproduced by a shipped command), all worse:
-carrying eta over unchanged (the whole time scales with the roofline) costs
-22 % MAPE on H100 GEMMs priced from H200 (6 % with the formula), because
+Alternatives, all worse on the same folds (figures in docs/experiments.md):
+carrying eta over unchanged (the whole time scales with the roofline), because
 H200's extra bandwidth barely speeds up kernels far from their roofline;
-carrying the time over unchanged costs 20 % on A100 PCIe elementwise kernels
-priced from the 40 GB card (3 % with the formula), which are bandwidth-bound;
-scaling the gap by the ratio of bf16 peaks costs 12 % on GB200 decode attention
-priced from B200 (6 % with the formula).
+carrying the time over unchanged, which misprices bandwidth-bound kernels;
+scaling the gap by the ratio of bf16 peaks.
 
 Siblings: same vendor and architecture, SM counts within 5 %, nearest first
 (memory bandwidth, then peak). A sibling prices only the rows its model covers

@@ -39,7 +39,8 @@ from typing import Iterable
 
 import numpy as np
 
-from kernelsight.predictor.errors import KernelsightError, did_you_mean
+from kernelsight.predictor.errors import KernelsightError, check_seed, did_you_mean
+from kernelsight.sim.context import exceeds_max_model_len
 from kernelsight.sim.kv_cache import KVCacheManager
 from kernelsight.sim.metrics import ServingMetrics
 from kernelsight.sim.request import Request
@@ -111,20 +112,21 @@ class Engine:
     def __init__(self, replicas: list[Replica], router: str = "least_outstanding",
                  max_model_len: int | None = None, max_concurrency: int | None = None,
                  slo_ms: dict | None = None, recorder=None, breakdown=None,
-                 frontend_latency_s: float = 0.0, frontend_jitter_s: float = 0.0, seed: int = 0):
+                 frontend_latency_s: float = 0.0, frontend_jitter_s: float = 0.0, seed: int = 0, progress=None):
         if frontend_latency_s < 0 or frontend_jitter_s < 0:
             raise KernelsightError(f"frontend latency {frontend_latency_s} s and jitter {frontend_jitter_s} s "
                                    f"must be >= 0")
         self.replicas = replicas
         self.frontend_latency_s = frontend_latency_s
         self.frontend_jitter_s = frontend_jitter_s
-        self._frontend_rng = np.random.default_rng(seed)
+        self._frontend_rng = np.random.default_rng(check_seed(seed))
         self.router = Router(router, replicas)
         self.max_model_len = max_model_len
         self.max_concurrency = max_concurrency if max_concurrency else math.inf
         self.metrics = ServingMetrics(slo_ms)
         self.recorder = recorder            # report.Recorder: per-step and per-request outputs
         self.breakdown = breakdown          # report.BreakdownAccumulator: GPU time per kernel family
+        self.progress = progress            # called with the number of requests that just finished (or failed)
         self.in_system = 0          # sent and not finished
         self.max_in_system = 0
         self.area_in_system = 0.0   # integral of in_system over time
@@ -197,12 +199,16 @@ class Engine:
         self.metrics.record_arrival(t)
         replica = self.router.route(req)
         total = req.prompt_len + req.output_len
-        if (self.max_model_len and total > self.max_model_len) or \
+        if exceeds_max_model_len(req.prompt_len, req.output_len, self.max_model_len) or \
                 replica.kv.blocks_needed(total) > replica.kv.num_blocks:
-            # vLLM rejects what cannot fit its context or its KV cache; the conversation ends there.
+            # vLLM rejects what cannot fit its context (context.py) or its KV cache; the conversation ends there.
+            failed = 0
             while req is not None:
-                self.metrics.failed += 1
+                failed += 1
                 req = req.followup[1] if req.followup else None
+            self.metrics.failed += failed
+            if self.progress is not None:
+                self.progress(failed)
             return
         req.replica = replica.index
         self.in_system += 1
@@ -276,6 +282,8 @@ class Engine:
                 think_s, nxt = req.followup
                 self._push(t + think_s, FOLLOWUP, nxt)
         if finished:
+            if self.progress is not None:
+                self.progress(len(finished))
             self._drain(t)
             if not self._blocked and not self._stream_pending:
                 self._pull_stream()

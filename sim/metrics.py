@@ -20,6 +20,10 @@ import numpy as np
 
 PERCENTILES = (90, 99)   # besides the median
 LATENCIES = ("ttft", "tpot", "itl", "e2el")
+# summary()'s keys besides the latency statistics, in its order
+TOTALS = ("completed", "failed", "duration_s", "total_input_tokens", "total_output_tokens", "request_throughput",
+          "output_throughput", "total_token_throughput", "request_goodput", "mean_queue_ms",
+          "prefix_cached_token_fraction", "preempted_requests")
 
 
 class StreamingDistribution:
@@ -179,3 +183,16 @@ class ServingMetrics:
         out["prefix_cached_token_fraction"] = self.cached_tokens / self.input_tokens if self.input_tokens else 0.0
         out["preempted_requests"] = self.preempted_requests
         return out
+
+
+def grouped(summary: dict) -> dict:
+    """A summary's serving metrics grouped by latency: {'ttft_ms': {'mean', 'std', 'median', 'p50', 'p90',
+    'p99'}, 'tpot_ms': ..., 'itl_ms': ..., 'e2el_ms': ..., then TOTALS (counts, duration, throughputs)};
+    p50 is the median under the name notebooks reach for. Values in ms, per second, or counts."""
+    out: dict = {}
+    for name in LATENCIES:
+        median = summary[f"median_{name}_ms"]
+        out[f"{name}_ms"] = {"mean": summary[f"mean_{name}_ms"], "std": summary[f"std_{name}_ms"], "median": median,
+                             "p50": median, **{f"p{p}": summary[f"p{p}_{name}_ms"] for p in PERCENTILES}}
+    out.update({key: summary[key] for key in TOTALS if key in summary})
+    return out

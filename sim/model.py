@@ -12,7 +12,8 @@ was written from, null when none is shipped). A config.json path is parsed
 with the same rules vLLM applies: head_dim defaults to hidden/heads, float32
 checkpoints are served in bf16, `quantization_config.quant_method: fp8` and a
 ModelOpt `hf_quant_config.json` beside the file (FP8 weights, FP8 KV cache)
-set the dtypes.
+set the dtypes; rope_scaling sets the longest context vLLM allows (context_limit).
+Every field read is type-checked: a count is an integer >= 1, never "32", true or 3.5.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from kernelsight.predictor.families.act import FLOPS_PER_OUTPUT
 from kernelsight.predictor.families.norm import KINDS as NORM_KINDS
 from kernelsight.predictor.paths import conf_dir
 
-from .schema import Spec, check
+from .schema import Spec, check, field_value
 
 DENSE_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Qwen2ForCausalLM",
                "Gemma2ForCausalLM", "Phi3ForCausalLM")
@@ -68,7 +69,9 @@ class ModelConfig:
     intermediate: dense MLP width (0 when every layer is MoE); head_dim is
     explicit (Gemma-2 and Qwen3 do not use hidden/heads); weight_dtype is
     the dtype of the linear layers (embedding, LM head, router and norms stay
-    16-bit, as in the FP8 checkpoints shipped); kv_dtype the KV-cache dtype.
+    16-bit, as in the FP8 checkpoints shipped); kv_dtype the KV-cache dtype;
+    derived_max_model_len: the context vLLM allows when rope_scaling extends
+    it beyond max_position (yarn, dynamic, linear), null otherwise.
     """
 
     name: str
@@ -94,11 +97,18 @@ class ModelConfig:
     moe: MoeConfig | None
     weight_dtype: str
     kv_dtype: str
+    derived_max_model_len: int | None = None
     hf_config: str | None = None
     source: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self):
         _check_consistency(self)
+
+    @property
+    def context_limit(self) -> int:
+        """The longest context vLLM derives from the config: derived_max_model_len when rope_scaling
+        stretches max_position (see _hf_derived_max_len), else max_position."""
+        return self.derived_max_model_len or self.max_position
 
     # -- derived --------------------------------------------------------------
     @property
@@ -180,6 +190,7 @@ _FIELDS = {
     "intermediate": Spec("nonneg"),
     "vocab": Spec("pos"),
     "max_position": Spec("pos"),
+    "derived_max_model_len": Spec("pos", nullable=True, default=None),
     "tied_embeddings": Spec("bool"),
     "norm": Spec("choice", choices=NORM_KINDS),
     "activation": Spec("choice", choices=tuple(FLOPS_PER_OUTPUT)),
@@ -274,47 +285,60 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
     """Apply vLLM's reading of an HF config (see the module docstring).
 
     name: a file stem like 'meta-llama--Meta-Llama-3.1-8B' (the repo id with '/' as '--') or a directory name.
+    Every field read is type-checked (a count is an integer >= 1: not "32", not true, not 3.5) and an
+    absent or null optional field takes vLLM's default; a problem is one line naming `source` and the field.
     """
-
-    def need(key: str):
-        if key not in config or config[key] is None:
-            raise KernelsightError(f"{source}: missing field {key!r}")
-        return config[key]
-
+    if not isinstance(config, Mapping):
+        raise KernelsightError(f"{source}: expected a mapping of config fields, got {type(config).__name__}")
     archs = config.get("architectures") or []
+    if isinstance(archs, str) or not isinstance(archs, (list, tuple)):
+        raise KernelsightError(f"{source}: field 'architectures' = {archs!r}: must be a list of class names")
     arch = archs[0] if archs else None
-    if arch not in SUPPORTED_ARCHS:
+    if not isinstance(arch, str) or arch not in SUPPORTED_ARCHS:
         raise KernelsightError(f"{source}: architecture {arch!r} is not supported"
                                f"{did_you_mean(str(arch), SUPPORTED_ARCHS)}; supported: {', '.join(SUPPORTED_ARCHS)}")
-    hidden, heads = int(need("hidden_size")), int(need("num_attention_heads"))
-    head_dim = config.get("head_dim") or hidden // heads
-    act_name = config.get("hidden_activation") or need("hidden_act")
+    hidden, heads = _hf(config, "hidden_size", "pos", source), _hf(config, "num_attention_heads", "pos", source)
+    kv_heads = _hf(config, "num_key_value_heads", "pos", source, default=heads)
+    if heads % kv_heads:
+        raise KernelsightError(f"{source}: field 'num_key_value_heads' = {kv_heads}: does not divide "
+                               f"num_attention_heads = {heads} (GQA groups must be equal)")
+    head_dim = _hf(config, "head_dim", "pos", source, default=None)
+    if head_dim is None:
+        if hidden % heads:
+            raise KernelsightError(f"{source}: field 'hidden_size' = {hidden}: not divisible by num_attention_heads "
+                                   f"= {heads}, and no head_dim is given (it defaults to their quotient)")
+        head_dim = hidden // heads
+    act_key = "hidden_activation" if config.get("hidden_activation") is not None else "hidden_act"
+    act_name = _hf(config, act_key, "str", source)
     if act_name not in _HF_ACTIVATIONS:
         raise KernelsightError(f"{source}: activation {act_name!r} is not supported; "
                                f"known: {', '.join(_HF_ACTIVATIONS)}")
     window, sliding_layers = _hf_sliding(config, arch, source)
     moe = _hf_moe(config, arch, source)
     weight_dtype, kv_dtype = _hf_dtypes(config, modelopt, source)
+    max_position = _hf(config, "max_position_embeddings", "pos", source)
+    derived = _hf_derived_max_len(config, max_position, source)
     return ModelConfig(
         name=name,
         hf_repo=name.replace("--", "/", 1),
         hf_config=None,
         architecture=arch,
         hidden=hidden,
-        layers=int(need("num_hidden_layers")),
+        layers=_hf(config, "num_hidden_layers", "pos", source),
         heads=heads,
-        kv_heads=int(config.get("num_key_value_heads") or heads),
-        head_dim=int(head_dim),
-        intermediate=0 if moe else int(need("intermediate_size")),
-        vocab=int(need("vocab_size")),
-        max_position=int(need("max_position_embeddings")),
-        tied_embeddings=bool(config.get("tie_word_embeddings", arch == "Gemma2ForCausalLM")),
+        kv_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate=0 if moe else _hf(config, "intermediate_size", "pos", source),
+        vocab=_hf(config, "vocab_size", "pos", source),
+        max_position=max_position,
+        derived_max_model_len=None if derived == max_position else derived,
+        tied_embeddings=_hf(config, "tie_word_embeddings", "bool", source, default=arch == "Gemma2ForCausalLM"),
         norm="rms",
         activation=_HF_ACTIVATIONS[act_name],
         qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
-        attention_bias=arch == "Qwen2ForCausalLM" or bool(config.get("attention_bias", False)),
+        attention_bias=arch == "Qwen2ForCausalLM" or _hf(config, "attention_bias", "bool", source, default=False),
         sandwich_norms=arch == "Gemma2ForCausalLM",
-        logit_softcap=float(config.get("final_logit_softcapping") or 0.0),
+        logit_softcap=_hf(config, "final_logit_softcapping", "number", source, default=0.0),
         sliding_window=window,
         sliding_layers=sliding_layers,
         moe=moe,
@@ -324,12 +348,59 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
     )
 
 
+_REQUIRED = object()
+
+
+def _hf(config: Mapping, key: str, kind: str, source: str, default: Any = _REQUIRED, prefix: str = "") -> Any:
+    """config[key] checked as a schema Spec kind ('pos', 'nonneg', 'number', 'positive', 'bool', 'str');
+    absent or null gives `default` (vLLM reads null as unset), or 'missing field' when it is required.
+    prefix: the enclosing section in messages ('rope_scaling.')."""
+    value = config.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise KernelsightError(f"{source}: missing field {prefix + key!r}")
+        return default
+    return field_value(value, Spec(kind), source, prefix + key)
+
+
+def _section(config: Mapping, key: str, source: str) -> Mapping | None:
+    """A nested mapping (quantization_config, rope_scaling), or None when absent or null."""
+    value = config.get(key)
+    if value is not None and not isinstance(value, Mapping):
+        raise KernelsightError(f"{source}: field {key!r} = {value!r}: must be a mapping or null")
+    return value or None
+
+
+# rope_scaling types whose max_position_embeddings already is the scaled context: vLLM leaves it as is.
+_ROPE_UNSCALED = ("llama3", "longrope", "su")
+
+
+def _hf_derived_max_len(config: Mapping, max_position: int, source: str) -> int:
+    """vLLM's derived max_model_len (ModelConfig._get_and_verify_max_len), for the architectures supported
+    here: max_position_embeddings, times rope_scaling.factor for the rope types vLLM stretches (all but
+    llama3 / longrope / su, whose max_position_embeddings is already the long context); yarn scales
+    original_max_position_embeddings instead. The other length keys vLLM also considers (n_positions,
+    seq_length, model_max_length, ...) are not used by these architectures."""
+    rope = _section(config, "rope_scaling", source)
+    if rope is None:
+        return max_position
+    key = "type" if rope.get("rope_type") is None and rope.get("type") is not None else "rope_type"
+    rope_type = _hf(rope, key, "str", source, prefix="rope_scaling.")
+    if rope_type in _ROPE_UNSCALED:
+        return max_position
+    factor = _hf(rope, "factor", "positive", source, default=1.0, prefix="rope_scaling.")
+    base = max_position
+    if rope_type == "yarn":
+        base = _hf(rope, "original_max_position_embeddings", "pos", source, prefix="rope_scaling.")
+    return int(base * factor)
+
+
 def _hf_sliding(config: Mapping, arch: str, source: str) -> tuple[int, str]:
-    window = int(config.get("sliding_window") or 0)
+    window = _hf(config, "sliding_window", "nonneg", source, default=0)
     if arch == "Gemma2ForCausalLM":
         return (window or 4096), "even"
     if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
-        if config.get("use_sliding_window"):
+        if _hf(config, "use_sliding_window", "bool", source, default=False):
             raise KernelsightError(f"{source}: use_sliding_window = true (sliding window from max_window_layers on) "
                                    f"is not supported")
         return 0, "none"
@@ -340,23 +411,27 @@ def _hf_sliding(config: Mapping, arch: str, source: str) -> tuple[int, str]:
 
 def _hf_moe(config: Mapping, arch: str, source: str) -> MoeConfig | None:
     if arch == "MixtralForCausalLM":
-        return MoeConfig(experts=int(config["num_local_experts"]), top_k=int(config["num_experts_per_tok"]),
-                         intermediate=int(config["intermediate_size"]))
-    if arch == "Qwen3MoeForCausalLM":
-        if config.get("mlp_only_layers") or int(config.get("decoder_sparse_step", 1)) != 1:
+        experts_key, width_key = "num_local_experts", "intermediate_size"
+    elif arch == "Qwen3MoeForCausalLM":
+        if config.get("mlp_only_layers") or _hf(config, "decoder_sparse_step", "pos", source, default=1) != 1:
             raise KernelsightError(f"{source}: dense layers inside a MoE stack (mlp_only_layers / "
                                    f"decoder_sparse_step) are not supported")
-        return MoeConfig(experts=int(config["num_experts"]), top_k=int(config["num_experts_per_tok"]),
-                         intermediate=int(config["moe_intermediate_size"]))
-    return None
+        experts_key, width_key = "num_experts", "moe_intermediate_size"
+    else:
+        return None
+    experts, top_k = _hf(config, experts_key, "pos", source), _hf(config, "num_experts_per_tok", "pos", source)
+    if top_k > experts:
+        raise KernelsightError(f"{source}: field 'num_experts_per_tok' = {top_k}: exceeds {experts_key} = {experts}")
+    return MoeConfig(experts=experts, top_k=top_k, intermediate=_hf(config, width_key, "pos", source))
 
 
 def _hf_dtypes(config: Mapping, modelopt: Mapping | None, source: str) -> tuple[str, str]:
-    torch_dtype = config.get("torch_dtype") or config.get("dtype") or "bfloat16"
+    key = "torch_dtype" if config.get("torch_dtype") is not None else "dtype"
+    torch_dtype = _hf(config, key, "str", source, default="bfloat16")
     if torch_dtype not in _HF_DTYPES:
-        raise KernelsightError(f"{source}: torch_dtype {torch_dtype!r} is not supported; known: {', '.join(_HF_DTYPES)}")
+        raise KernelsightError(f"{source}: {key} {torch_dtype!r} is not supported; known: {', '.join(_HF_DTYPES)}")
     weight = kv = _HF_DTYPES[torch_dtype]
-    quant = config.get("quantization_config")
+    quant = _section(config, "quantization_config", source)
     if quant:
         method = quant.get("quant_method")
         if method != "fp8":
@@ -364,11 +439,12 @@ def _hf_dtypes(config: Mapping, modelopt: Mapping | None, source: str) -> tuple[
                                    f"(supported: fp8)")
         weight = "fp8"
     if modelopt:
-        algo = (modelopt.get("quantization") or {}).get("quant_algo")
+        quantization = _section(modelopt, "quantization", f"{source}: hf_quant_config") or {}
+        algo = quantization.get("quant_algo")
         if algo != "FP8":
             raise KernelsightError(f"{source}: hf_quant_config quant_algo {algo!r} is not supported (supported: FP8)")
         weight = "fp8"
-        kv_algo = (modelopt.get("quantization") or {}).get("kv_cache_quant_algo")
+        kv_algo = quantization.get("kv_cache_quant_algo")
         if kv_algo not in (None, "FP8"):
             raise KernelsightError(f"{source}: hf_quant_config kv_cache_quant_algo {kv_algo!r} is not supported")
         if kv_algo == "FP8":

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from kernelsight.predictor.dtypes import dtype_bytes
-from kernelsight.predictor.errors import KernelsightError
+from kernelsight.predictor.errors import KernelsightError, did_you_mean, whole_number
 from kernelsight.predictor.families.collectives import LINKS
 from kernelsight.predictor.hardware import NET_GBS_PER_GPU
 
@@ -54,13 +54,27 @@ class ParallelConfig:
         """Shards of each expert's width: the tp factor left after splitting experts over ep."""
         return self.tp // self.ep
 
+    def __post_init__(self):
+        """Sizes are integers >= 1 however the layout was built (a bool or 2.0 is not), ep divides tp,
+        links are known: one line naming the setting (and the file, when it came from one)."""
+        where = f"{self.source}: " if self.source else ""
+        for name in ("tp", "pp", "ep", "dp"):
+            whole_number(getattr(self, name), f"{where}parallel.{name}")
+        if self.tp % self.ep:
+            raise KernelsightError(f"{where}field 'ep' = {self.ep} must divide tp = {self.tp} "
+                                   f"(experts are split over the GPUs of one tensor-parallel group)")
+        for name in ("link", "pp_link"):
+            if getattr(self, name) not in LINKS:
+                raise KernelsightError(f"{where}parallel.{name}={getattr(self, name)!r}: must be one of "
+                                       f"{', '.join(LINKS)}{did_you_mean(str(getattr(self, name)), LINKS)}")
+        net = self.net_gbs_per_gpu
+        if isinstance(net, bool) or not isinstance(net, (int, float)) or not 0 < net < math.inf:
+            raise KernelsightError(f"{where}parallel.net_gbs_per_gpu={net!r}: must be a number > 0 "
+                                   f"(GB/s per GPU and direction)")
+
     @classmethod
     def from_mapping(cls, data: Any, source: str = "<mapping>") -> "ParallelConfig":
-        values = check(data, _FIELDS, source)
-        if values["tp"] % values["ep"]:
-            raise KernelsightError(f"{source}: field 'ep' = {values['ep']} must divide tp = {values['tp']} "
-                                   f"(experts are split over the GPUs of one tensor-parallel group)")
-        return cls(**values, source=source)
+        return cls(**check(data, _FIELDS, source), source=source)
 
 
 _FIELDS = {

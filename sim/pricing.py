@@ -296,7 +296,7 @@ class StepPricer:
         for family, idx in by_family.items():
             parts = [calls[i].columns() for i in idx]
             cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-            priced = self.predictor.priced(family, cols)
+            priced = self.predictor.predict(cols, family=family)
             seconds, tier, model = np.asarray(priced["seconds"], dtype=np.float64), priced["tier"], priced["model"]
             extrapolated = priced["extrapolated"]
             if family == "allreduce":

@@ -14,13 +14,15 @@ Tables are written in chunks while the simulation runs, so memory stays flat.
 """
 from __future__ import annotations
 
-import json
 import math
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from kernelsight.predictor.outputs import atomic_file, ensure_dir, save_figure, write_json, write_text
 
 CHUNK_ROWS = 65_536
 
@@ -32,11 +34,22 @@ STEP_COLUMNS = ("replica", "step", "schedule_s", "launch_s", "end_s", "host_ms",
 STEP_KINDS = ("prefill", "decode", "mixed")
 
 
+def request_row(req, latencies) -> tuple:
+    """A finished request as the values of REQUEST_COLUMNS (latencies: ttft, tpot, e2el in seconds)."""
+    ttft, tpot, e2el = latencies
+    return (req.request_id, req.replica, req.arrival_time, req.first_scheduled_time, req.first_token_time,
+            req.finish_time, req.prompt_len, req.output_len, max(req.num_cached_tokens, 0), req.num_preemptions,
+            req.queue_time * 1e3, ttft * 1e3, tpot * 1e3, e2el * 1e3)
+
+
 class _ChunkedTable:
-    """Rows appended as columns of Python lists, flushed to one Parquet file every CHUNK_ROWS rows."""
+    """Rows appended as columns of Python lists, flushed every CHUNK_ROWS rows to a temporary file that
+    close() renames to `path` (a run that dies leaves no half table under the final name)."""
 
     def __init__(self, path: Path, columns: tuple):
         self.path = path
+        self._file = ExitStack()
+        self.tmp = self._file.enter_context(atomic_file(path, "output_dir"))
         self.columns = columns
         self.buffers = {c: [] for c in columns}
         self.writer = None
@@ -54,21 +67,21 @@ class _ChunkedTable:
             return
         table = pa.table({c: self.buffers[c] for c in self.columns})
         if self.writer is None:
-            self.writer = pq.ParquetWriter(self.path, table.schema)
+            self.writer = pq.ParquetWriter(self.tmp, table.schema)
         self.writer.write_table(table)
         self.buffers = {c: [] for c in self.columns}
 
     def close(self) -> None:
-        self.flush()
-        self.writer.close()
+        with self._file:  # renamed into place only when the last chunk is written
+            self.flush()
+            self.writer.close()
 
 
 class Recorder:
     """Receives every step and finished request from the Engine and writes the output files."""
 
     def __init__(self, out_dir: Path, trace_steps: int = 2000, trace_kernel_steps: int = 20):
-        self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.out_dir = ensure_dir(Path(out_dir), "output_dir")
         self.requests = _ChunkedTable(self.out_dir / "requests.parquet", REQUEST_COLUMNS)
         self.steps = _ChunkedTable(self.out_dir / "steps.parquet", STEP_COLUMNS)
         self.trace_steps = trace_steps
@@ -115,11 +128,7 @@ class Recorder:
                 t += dur
 
     def request(self, req, latencies) -> None:
-        ttft, tpot, e2el = latencies
-        self.requests.append((req.request_id, req.replica, req.arrival_time, req.first_scheduled_time,
-                              req.first_token_time, req.finish_time, req.prompt_len, req.output_len,
-                              max(req.num_cached_tokens, 0), req.num_preemptions, req.queue_time * 1e3,
-                              ttft * 1e3, tpot * 1e3, e2el * 1e3))
+        self.requests.append(request_row(req, latencies))
 
     def close(self, num_replicas: int) -> None:
         self.requests.close()
@@ -129,8 +138,8 @@ class Recorder:
         for r in range(num_replicas):
             for tid, label in ((0, "host"), (1, "GPU steps"), (2, "kernels (identical layers merged)")):
                 meta.append({"name": "thread_name", "ph": "M", "pid": r, "tid": tid, "args": {"name": label}})
-        with open(self.out_dir / "trace.json", "w") as f:
-            json.dump({"traceEvents": meta + self.events, "displayTimeUnit": "ms"}, f)
+        write_json(self.out_dir / "trace.json", {"traceEvents": meta + self.events, "displayTimeUnit": "ms"},
+                   "output_dir", indent=None)
 
 
 # ----- breakdown -----
@@ -181,10 +190,8 @@ class BreakdownAccumulator:
 
 def write_breakdown(acc: BreakdownAccumulator, path: Path) -> None:
     df = acc.table().rename(columns={k: f"{k}_steps_s" for k in STEP_KINDS})
-    df.to_csv(path, float_format="%.6g")
-    with open(path, "a") as f:
-        f.write("\n# pricer phase split of GPU time (s): "
-                + ", ".join(f"{k}={v:.6g}" for k, v in acc.phase.items()) + "\n")
+    write_text(path, df.to_csv(float_format="%.6g") + "\n# pricer phase split of GPU time (s): "
+               + ", ".join(f"{k}={v:.6g}" for k, v in acc.phase.items()) + "\n", "output_dir")
 
 
 # ----- plots -----
@@ -215,7 +222,7 @@ def write_plots(out_dir: Path, metrics, acc: BreakdownAccumulator | None) -> lis
     axes[0].set_ylabel("fraction of requests (ITL: of gaps)")
     fig.tight_layout()
     written.append(out_dir / "latency_cdf.png")
-    fig.savefig(written[-1], dpi=110)
+    save_figure(fig, written[-1], "output_dir", dpi=110)
     plt.close(fig)
 
     steps_path = out_dir / "steps.parquet"
@@ -244,7 +251,7 @@ def write_plots(out_dir: Path, metrics, acc: BreakdownAccumulator | None) -> lis
                 ax.grid(alpha=0.3)
             fig.tight_layout()
             written.append(out_dir / "timeline.png")
-            fig.savefig(written[-1], dpi=110)
+            save_figure(fig, written[-1], "output_dir", dpi=110)
             plt.close(fig)
 
     if acc is not None:
@@ -261,7 +268,7 @@ def write_plots(out_dir: Path, metrics, acc: BreakdownAccumulator | None) -> lis
             ax.legend(fontsize=7, ncol=2, bbox_to_anchor=(1.02, 1), loc="upper left")
             fig.tight_layout()
             written.append(out_dir / "breakdown.png")
-            fig.savefig(written[-1], dpi=110)
+            save_figure(fig, written[-1], "output_dir", dpi=110)
             plt.close(fig)
     return written
 

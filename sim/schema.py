@@ -3,14 +3,14 @@
 Every config is a flat or nested mapping checked against a field table; a
 problem becomes ONE KernelsightError line naming the file (or Hydra group) and
 the dotted field, so `kernelsight simulate model=...` never shows a traceback
-for a bad config. Works on plain dicts and on Hydra/OmegaConf nodes.
+for a bad config. Works on plain dicts and on any other nested mapping.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from kernelsight.predictor.errors import KernelsightError, did_you_mean
 from kernelsight.predictor.paths import conf_dir, read_yaml
@@ -37,13 +37,14 @@ class Spec:
 
 
 def plain(node: Any) -> Any:
-    """A Hydra/OmegaConf node as plain Python containers (anything else unchanged)."""
-    try:
-        from omegaconf import DictConfig, ListConfig, OmegaConf
-    except ImportError:  # pragma: no cover - hydra-core is a core dependency
-        return node
-    if isinstance(node, (DictConfig, ListConfig)):
-        return OmegaConf.to_container(node, resolve=True)
+    """Nested mappings and sequences of any kind (a config framework's nodes included) as dicts and lists;
+    dicts, lists, tuples and scalars keep their type."""
+    if isinstance(node, Mapping):
+        return {key: plain(value) for key, value in node.items()}
+    if isinstance(node, (list, tuple)):
+        return type(node)(plain(value) for value in node)
+    if isinstance(node, Sequence) and not isinstance(node, (str, bytes)):
+        return [plain(value) for value in node]
     return node
 
 
@@ -64,7 +65,7 @@ def check(data: Any, fields: Mapping[str, Spec], source: str, prefix: str = "") 
                 raise KernelsightError(f"{source}: missing field {full!r}")
             out[name] = spec.default
             continue
-        out[name] = _value(data[name], spec, source, full)
+        out[name] = field_value(data[name], spec, source, full)
     return out
 
 
@@ -72,7 +73,10 @@ def _at(prefix: str) -> str:
     return f" at {prefix.rstrip('.')!r}" if prefix else ""
 
 
-def _value(value: Any, spec: Spec, source: str, full: str) -> Any:
+def field_value(value: Any, spec: Spec, source: str, full: str) -> Any:
+    """One value checked against its Spec (for readers of other formats, e.g. an HF config.json);
+    a problem is one line naming `source` and the field `full`."""
+
     def fail(why: str):
         raise KernelsightError(f"{source}: field {full!r} = {value!r}: {why}")
 
@@ -82,7 +86,8 @@ def _value(value: Any, spec: Spec, source: str, full: str) -> Any:
         fail("must not be null")
     kind = spec.kind
     if kind in ("pos", "nonneg"):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value != int(value):
             fail("must be an integer")
         lo = 1 if kind == "pos" else 0
         if value < lo:

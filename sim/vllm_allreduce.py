@@ -22,26 +22,47 @@ import pandas as pd
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.families import get_family
 from kernelsight.predictor.hardware import Hardware, load_hardware
-from kernelsight.predictor.paths import data_dir
+from kernelsight.predictor.outputs import write_table
+from kernelsight.predictor.paths import data_dir, reference_data
 from kernelsight.predictor.sweep import read_sweep
 from kernelsight.predictor.transfer import die_siblings
 
 PROVIDER = "vllm.custom_ar"
 _COLUMNS = ["provider", "status", "cuda_graph", "link", "msg_bytes", "world_size", "dtype", "device",
             "latency_ms"]
+SHIPPED_COLUMNS = ["device", "world_size", "dtype", "msg_bytes", "latency_ms"]
+
+
+def shipped_rows_path():
+    """The rows the package ships (data/engine/), so a wheel without the reference data prices them too."""
+    return data_dir() / "engine" / "vllm_custom_ar.csv"
+
+
+def measured_rows(folder) -> pd.DataFrame:
+    """The CUDA-graph `vllm.custom_ar` rows over NVLink of a sweep folder, in the shipped columns."""
+    df = read_sweep(folder, columns=_COLUMNS, filters=[("provider", "=", PROVIDER)])
+    df = df[(df["status"] == "ok") & df["cuda_graph"].fillna(False).astype(bool)
+            & (df["link"] == "nvlink") & (df["latency_ms"] > 0) & (df["msg_bytes"] > 0)]
+    if df.empty:
+        raise KernelsightError(f"{folder}: no {PROVIDER} rows measured in CUDA graphs")
+    return (df[SHIPPED_COLUMNS].astype({"device": str, "dtype": str})
+            .sort_values(SHIPPED_COLUMNS).reset_index(drop=True))
+
+
+def write_shipped_rows(folder=None) -> None:
+    """Refresh data/engine/vllm_custom_ar.csv from the reference data (after re-importing aiconfigurator)."""
+    folder = folder or reference_data("public", "aiconfigurator", what="the measured vLLM all-reduce")
+    write_table(measured_rows(folder), shipped_rows_path(), float_format="%.9g")
 
 
 def vllm_allreduce_rows(path=None) -> pd.DataFrame:
-    """CUDA-graph `vllm.custom_ar` rows over NVLink with their bus bytes, link bandwidth and seconds."""
-    folder = path or data_dir() / "public" / "aiconfigurator"
-    df = read_sweep(folder, columns=_COLUMNS, filters=[("provider", "=", PROVIDER)])
-    df = df[(df["status"] == "ok") & df["cuda_graph"].fillna(False).astype(bool)
-            & (df["link"] == "nvlink") & (df["latency_ms"] > 0) & (df["msg_bytes"] > 0)].copy()
-    if df.empty:
-        raise KernelsightError(f"{folder}: no {PROVIDER} rows measured in CUDA graphs")
+    """CUDA-graph `vllm.custom_ar` rows over NVLink with their bus bytes, link bandwidth and seconds: from a
+    sweep folder, or (None) the rows the package ships."""
+    df = measured_rows(path) if path is not None else pd.read_csv(shipped_rows_path())
     bw = {d: load_hardware(d).nvlink_gbs_per_dir or 0.0 for d in df["device"].unique()}
-    df = df[df["device"].map(bw) > 0]
-    cols = {c: df[c].to_numpy() for c in ("msg_bytes", "world_size", "link", "dtype")}
+    df = df[df["device"].map(bw) > 0].copy()
+    cols = {"msg_bytes": df["msg_bytes"].to_numpy(), "world_size": df["world_size"].to_numpy(),
+            "link": np.full(len(df), "nvlink", dtype=object), "dtype": df["dtype"].to_numpy()}
     df["bus_bytes"] = get_family("allreduce").cost(cols).bytes
     df["link_bw"] = df["device"].map(bw) * 1e9
     df["seconds"] = df["latency_ms"] * 1e-3

@@ -40,7 +40,7 @@ from typing import Iterator, Mapping
 import numpy as np
 import pandas as pd
 
-from kernelsight.predictor.errors import KernelsightError, did_you_mean
+from kernelsight.predictor.errors import KernelsightError, check_seed, did_you_mean, whole_number
 from kernelsight.predictor.paths import data_dir
 from kernelsight.sim.request import OUTPUT, SHARED_PREFIX, TRACE_HASH, UNIQUE, Request
 
@@ -259,6 +259,16 @@ def _show(value) -> str:
     return repr(value if not isinstance(value, np.generic) else value.item())
 
 
+def trace_rows(requests: list) -> list[dict]:
+    """Requests as rows of a trace that load_trace reads back (a shared system prompt: prefix group 0)."""
+    rows = []
+    for r in requests:
+        shared = [length for (kind, _), length in r.segments if kind == SHARED_PREFIX]
+        rows.append({"arrival_time": r.arrival_time, "input_len": r.prompt_len, "output_len": r.output_len,
+                     "prefix_group": 0 if shared else None, "prefix_len": shared[0] if shared else 0})
+    return rows
+
+
 def load_trace(path: Path, need_arrivals: bool = True) -> pd.DataFrame:
     """Read and validate a request trace; any bad row is reported as 'file: row N: problem'.
 
@@ -369,11 +379,24 @@ class Workload:
     def max_concurrency(self) -> int | None:
         return self.config.max_concurrency
 
-    def requests(self, num_requests: int | None, seed: int) -> Iterator[Request]:
-        """Requests in arrival order (follow-up turns are attached to their previous turn)."""
+    def count(self, num_requests: int | None) -> int | None:
+        """How many requests requests(num_requests, ...) yields, follow-up turns included (a progress total)."""
         if self.trace is not None:
+            return min(num_requests, len(self.trace)) if num_requests else len(self.trace)
+        return num_requests
+
+    def requests(self, num_requests: int | None, seed: int) -> Iterator[Request]:
+        """Requests in arrival order (follow-up turns are attached to their previous turn).
+
+        seed: an integer >= 0, checked here (before the lazy stream starts) whether or not the
+        workload draws from it (a trace replay does not), so a bad seed fails the same either way."""
+        check_seed(seed)
+        if self.trace is not None:
+            if num_requests is not None:
+                whole_number(num_requests, "num_requests", hint="null: every row of the trace")
             return self._replay(num_requests)
-        return self._synthetic(int(num_requests), seed)
+        return self._synthetic(whole_number(num_requests, "num_requests",
+                                            hint="null replays a whole trace; this workload draws requests"), seed)
 
     def _replay(self, num_requests: int | None) -> Iterator[Request]:
         df = self.trace if not num_requests else self.trace.iloc[:num_requests]

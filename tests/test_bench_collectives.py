@@ -9,8 +9,9 @@ from kernelsight.predictor.sweep import read_sweep
 
 
 def test_torchrun_collectives_on_gloo(tmp_path):
+    pytest.importorskip("torch", reason="torchrun needs torch (pip install -e '.[bench]')")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m",
-           "kernelsight.microbench.collectives", "device=cpu", "sweep=cpu", f"out={tmp_path}", "sweep_id=t",
+           "kernelsight.cli.bench", "device=cpu", "sweep=cpu", f"out={tmp_path}", "sweep_id=t",
            "sweep.collectives.ops=[allreduce,allgather]", "sweep.collectives.sizes.end=8192"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

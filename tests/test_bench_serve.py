@@ -8,10 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kernelsight.predictor import cli
+from kernelsight import cli
 from kernelsight.predictor.errors import KernelsightError
-from kernelsight.microbench.serving import ServeWorkload, prompt_tokens, trace_rows
-from kernelsight.sim.workload import Workload, WorkloadConfig
+from kernelsight.cli.bench import serve_requests
+from kernelsight.microbench.serving import ServeWorkload, prompt_tokens
+from kernelsight.sim.workload import Workload, WorkloadConfig, trace_rows
 
 TINY = ["device=cpu", "dtype=fp32", "model_overrides.num_hidden_layers=2", "model_overrides.hidden_size=64",
         "model_overrides.intermediate_size=128", "model_overrides.num_attention_heads=4",
@@ -44,11 +45,11 @@ def test_bad_workloads_get_one_clear_line(spec, message):
 def test_prompts_share_exactly_the_prefix():
     w = ServeWorkload.from_mapping("w", {"arrival": "poisson", "rate": 1, "isl": 40, "osl": 2, "num_requests": 5,
                                          "shared_prefix": 16})
-    ps = [prompt_tokens(r, vocab=1000, seed=0) for r in w.requests(seed=0)]
+    ps = [prompt_tokens(r, vocab=1000, seed=0) for r in serve_requests(w, seed=0)]
     assert [len(p) for p in ps] == [40] * 5 and len({tuple(p[:16]) for p in ps}) == 1
     assert len({tuple(p[16:]) for p in ps}) == 5  # unique tails
-    assert ps == [prompt_tokens(r, 1000, 0) for r in w.requests(seed=0)]  # seeded
-    assert ps != [prompt_tokens(r, 1000, 1) for r in w.requests(seed=1)]
+    assert ps == [prompt_tokens(r, 1000, 0) for r in serve_requests(w, seed=0)]  # seeded
+    assert ps != [prompt_tokens(r, 1000, 1) for r in serve_requests(w, seed=1)]
 
 
 def test_requests_are_the_simulators_stream_and_replay_as_a_trace(tmp_path):
@@ -59,7 +60,7 @@ def test_requests_are_the_simulators_stream_and_replay_as_a_trace(tmp_path):
     sim = Workload(WorkloadConfig.from_config({
         "name": "w", "arrival": "poisson", "request_rate": 5.0, "input": {"dist": "fixed", "value": 32},
         "output": {"dist": "fixed", "value": 3}, "system_prompts": 1, "system_prompt_len": 32}))
-    ours = w.requests(seed=7)
+    ours = serve_requests(w, seed=7)
     assert [r.arrival_time for r in ours] == [r.arrival_time for r in sim.requests(20, 7)]
     assert np.all(np.diff([r.arrival_time for r in ours]) >= 0) and ours[-1].arrival_time > 0
     path = tmp_path / "w_trace.csv"
@@ -73,10 +74,12 @@ def test_requests_are_the_simulators_stream_and_replay_as_a_trace(tmp_path):
     assert replay[0].block_hash(2, 16) != replay[5].block_hash(2, 16)  # the rest is each request's own
     closed = ServeWorkload.from_mapping("c", {"arrival": "closed_loop", "concurrency": 4, "isl": 8, "osl": 2,
                                               "num_requests": 6})
-    assert closed.sim_config().max_concurrency == 4 and {r.arrival_time for r in closed.requests(0)} == {0.0}
+    assert WorkloadConfig.from_config(closed.workload_mapping()).max_concurrency == 4
+    assert {r.arrival_time for r in serve_requests(closed, 0)} == {0.0}
 
 
 def test_cpu_run_records_every_request_and_resumes(tmp_path, capsys):
+    pytest.importorskip("transformers", reason="bench serve runs transformers (pip install -e '.[bench]')")
     cli.main(["bench", "serve", f"out={tmp_path}", "run_id=t", *TINY, *SMALL])
     run = tmp_path / "cpu" / "t"
     summary = pd.read_csv(run / "summary.csv")

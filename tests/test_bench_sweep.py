@@ -9,19 +9,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+
+torch = pytest.importorskip("torch", reason="the GPU harness needs torch (pip install -e '.[bench]')")
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from kernelsight.microbench import commands  # noqa: E402
+from kernelsight.cli import bench as commands  # noqa: E402
 from kernelsight.microbench.providers import BENCHES, Provider  # noqa: E402
 from kernelsight.microbench.providers.base import PlannedDevice  # noqa: E402
 from kernelsight.microbench.runner import row_key  # noqa: E402
 from kernelsight.microbench.timing import Clock, TimingConfig  # noqa: E402
-from kernelsight.predictor import cli  # noqa: E402
+from kernelsight import cli  # noqa: E402
 from kernelsight.predictor.families import COLLECTIVES, REGISTRY, get_family  # noqa: E402
 from kernelsight.predictor.hardware import load_hardware  # noqa: E402
 from kernelsight.predictor.paths import conf_dir  # noqa: E402
@@ -165,7 +166,7 @@ def test_errors_become_failed_rows_and_the_sweep_goes_on(kernelsight, monkeypatc
 
 RUNNER = textwrap.dedent("""
     import sys
-    from kernelsight.predictor import cli
+    from kernelsight import cli
     if __name__ == "__main__":
         cli.main(sys.argv[1:])
 """)
@@ -192,7 +193,7 @@ def test_resume_after_kill_loses_and_duplicates_nothing(kernelsight, tmp_path, c
     first_keys = {row_key(r) for r in before.to_dict("records")}
     assert len(first_keys) >= 2
 
-    plan = commands.build_plan(compose_bench(args), torch.device("cpu"))
+    plan = commands.plan(compose_bench(args), torch.device("cpu"))
     kernelsight(["bench", *CPU, f"out={tmp_path}", f"resume={sweep_dir}", "shard_rows=2", NO_COLLECTIVES])
     assert f"resuming: {len(first_keys)} measurements already in the sweep are skipped" in capsys.readouterr().out
     after = read_sweep(sweep_dir)
@@ -201,6 +202,39 @@ def test_resume_after_kill_loses_and_duplicates_nothing(kernelsight, tmp_path, c
     planned = {row_key({**i.shape.row(), "provider": i.provider.name, "timing": "cold"}) for i in plan.items}
     assert set(keys) == planned, "a shape was lost"
     assert first_keys <= set(keys)
+
+
+def test_the_torch_free_library_list_names_every_providers_library():
+    """bench checks provider selectors against planning.LIBRARIES before torch loads: it must stay current."""
+    from kernelsight.microbench.planning import LIBRARIES
+
+    assert {p.library for b in BENCHES.values() for p in b.providers} == set(LIBRARIES)
+
+
+def test_ctrl_c_says_in_one_line_how_to_continue_with_every_override(kernelsight, tmp_path, capsys):
+    """SIGINT mid-sweep: exit 130 and one line whose command (device=cpu included) resumes the sweep."""
+    import shlex
+
+    script = tmp_path / "run_bench.py"
+    script.write_text(RUNNER)
+    args = [*CPU, f"out={tmp_path}", "sweep_id=i", "shard_rows=2", NO_COLLECTIVES]
+    sweep_dir = tmp_path / "cpu" / "i"
+    proc = subprocess.Popen([sys.executable, str(script), "bench", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None and not list(sweep_dir.glob("*-0001.parquet")):
+        time.sleep(0.05)
+    assert proc.poll() is None, "the sweep ended before it could be interrupted"
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130
+    [line] = err.strip().splitlines()
+    assert line.startswith(f"kernelsight bench: interrupted: every finished measurement is saved in {sweep_dir}")
+    command = shlex.split(line.split("continue with `", 1)[1].rstrip("`"))
+    assert command[:2] == ["kernelsight", "bench"] and "device=cpu" in command and f"resume={sweep_dir}" in command
+    assert not any(a.startswith("sweep_id=") for a in command)
+    kernelsight(command[1:])
+    assert "already in the sweep are skipped" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("override,message", [
@@ -232,8 +266,8 @@ def test_cuda_without_gpu_is_one_clear_line(kernelsight, tmp_path, capsys):
 def test_grid_budgets_on_h100_from_the_roofline(grid, budget_s):
     """The budget claims hold on the roofline estimate, with every optional provider installed."""
     cfg = compose_bench([f"sweep={grid}"])
-    plan = commands.build_plan(cfg, PlannedDevice(capability=(9, 0)))
-    est = commands.estimate_seconds(cfg, plan.items, plan.collectives, load_hardware("h100_sxm"))
+    plan = commands.plan(cfg, PlannedDevice(capability=(9, 0)))
+    est = commands.estimate(cfg, plan.items, plan.collectives, load_hardware("h100_sxm"))
     assert 0.2 * budget_s < est["total"] <= budget_s, est
     families = {i.family for i in plan.items}
     assert families == {f for f in REGISTRY if f not in COLLECTIVES}

@@ -249,3 +249,38 @@ def test_other_sources_score_the_whole_block_model_off_its_grid():
     m = metrics(scored.assign(split="all")).set_index("model")["mape"]
     assert m["lightgbm"] < 10 < m["constant"] < m["roofline"]
     assert evaluate_other_sources(blocks, rows, FAST_LEARNER, cap=10_000, seed=0, devices=["a100_sxm"]).empty
+
+
+@pytest.mark.parametrize("setting, value, message", [
+    ("num_trees", -1, "learner.num_trees=-1: must be an integer >= 1"),
+    ("num_trees", True, "learner.num_trees=True: must be an integer >= 1"),
+    ("num_leaves", 1, "learner.num_leaves=1: must be an integer >= 2"),
+    ("min_data_in_leaf", 2.5, "learner.min_data_in_leaf=2.5: must be an integer >= 0"),
+    ("learning_rate", 0, "learner.learning_rate=0: must be a finite number > 0"),
+    ("learning_rate", "fast", "learner.learning_rate='fast': must be a finite number > 0"),
+    ("linear_lambda", -0.1, "learner.linear_lambda=-0.1: must be a finite number >= 0"),
+    ("linear_tiers", "target", "learner.linear_tiers='target': must be a list of tiers"),
+    ("gap_tiers", ["crosss"], "learner.gap_tiers: 'crosss' is not a tier"),
+    ("objective", "regresion", "learner.objective='regresion': must be one of regression, "),
+    ("num_threads", 0, "learner.num_threads=0: must be an integer >= 1"),
+    ("seed", -3, "learner.seed=-3: must be an integer >= 0"),
+    ("eta_floor", float("nan"), "learner.eta_floor=nan: must be a finite number > 0"),
+])
+def test_learner_settings_are_refused_at_construction_naming_the_setting(setting, value, message):
+    from kernelsight.calibrate.models import check_learner
+
+    for build in (lambda: EtaRegressor("gemm", "target", "h100_sxm", **{**FAST_LEARNER, setting: value}),
+                  lambda: check_learner({**FAST_LEARNER, setting: value})):
+        with pytest.raises(KernelsightError) as e:
+            build()  # before any data: nothing to fit was given
+        assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+
+
+def test_learner_check_names_unknown_settings_and_keeps_good_ones():
+    from kernelsight.calibrate.models import check_learner
+
+    with pytest.raises(KernelsightError, match=r"learner.num_leafs: unknown setting \(did you mean 'num_leaves'\?\)"):
+        check_learner({"num_leafs": 8})
+    assert check_learner(FAST_LEARNER) == FAST_LEARNER
+    with pytest.raises(KernelsightError, match="tier='targets': must be one of target, cross"):
+        EtaRegressor("gemm", "targets")

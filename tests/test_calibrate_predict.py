@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from hydra import compose, initialize_config_dir
 
-from kernelsight.calibrate.commands import predict
+from kernelsight.cli.predict import predict
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.paths import conf_dir, data_dir
 from kernelsight.predictor.predict import Predictor
@@ -21,9 +21,9 @@ GEMM = {"m": np.array([1, 64, 4096]), "n": np.array([4096] * 3), "k": np.array([
 
 
 def test_auto_tier_is_target_where_the_gpu_has_data_and_cross_elsewhere():
-    h100 = Predictor("h100_sxm").estimate("gemm", GEMM)
+    h100 = Predictor("h100_sxm").predict(GEMM, family="gemm")
     assert set(h100["tier"]) == {"target"} and set(h100["model"]) == {"target/h100_sxm/gemm"}
-    mi300x = Predictor("mi300x").estimate("gemm", GEMM)
+    mi300x = Predictor("mi300x").predict(GEMM, family="gemm")
     assert set(mi300x["tier"]) == {"cross"} and set(mi300x["model"]) == {"cross/gemm"}
     assert (h100["eta"] >= 1).all() and (mi300x["eta"] >= 1).all()
     assert mi300x["extrapolated"].all()  # 304 compute units: beyond every training GPU
@@ -31,24 +31,25 @@ def test_auto_tier_is_target_where_the_gpu_has_data_and_cross_elsewhere():
 
 def test_auto_sends_variants_the_target_sweep_never_held_to_cross():
     cols = {**GEMM, "dtype": np.array(["bf16", "fp8", "fp4"], dtype=object)}
-    res = Predictor("b200_sxm").estimate("gemm", cols)  # B200 sweep: bf16, fp8 and fp4
+    res = Predictor("b200_sxm").predict(cols, family="gemm")  # B200 sweep: bf16, fp8 and fp4
     assert list(res["tier"]) == ["target"] * 3
-    res = Predictor("h100_sxm").estimate("gemm", {**GEMM, "dtype": np.array(["bf16", "fp8", "fp32"],
-                                                                            dtype=object)})
+    fp32 = {**GEMM, "dtype": np.array(["bf16", "fp8", "fp32"], dtype=object)}
+    res = Predictor("h100_sxm").predict(fp32, family="gemm")
     assert list(res["tier"]) == ["target", "target", "cross"]  # H100's GEMM sweep has no fp32
 
 
 def test_explicit_tiers_and_their_errors():
     p = Predictor("h100_sxm", tier="cross")  # no H100 data: H200's target model, the same die
-    res = p.estimate("gemm", GEMM)
+    res = p.predict(GEMM, family="gemm")
     assert set(res["model"]) == {"target/h200_sxm/gemm (die sibling)"} and set(res["tier"]) == {"cross"}
-    assert set(Predictor("l40s", tier="cross").estimate("gemm", GEMM)["model"]) == {"cross/gemm"}  # no sibling
+    no_sibling = Predictor("l40s", tier="cross").predict(GEMM, family="gemm")
+    assert set(no_sibling["model"]) == {"cross/gemm"}
     with pytest.raises(KernelsightError, match="no target-tier gemm model for mi300x"):
-        Predictor("mi300x", tier="target").latency("gemm", GEMM)
+        Predictor("mi300x", tier="target").predict(GEMM, family="gemm")
     with pytest.raises(KernelsightError, match="unknown tier"):
         Predictor("h100_sxm", tier="best")
     roof = Predictor("h100_sxm", tier="roofline")
-    assert (roof.estimate("gemm", GEMM)["eta"] == 1).all()
+    assert (roof.predict(GEMM, family="gemm")["eta"] == 1).all()
 
 
 def test_latency_is_roofline_times_eta_and_frames_are_labelled():
@@ -58,12 +59,17 @@ def test_latency_is_roofline_times_eta_and_frames_are_labelled():
                        "seq_kv": [None, 4096], "heads": [None, 32], "kv_heads": [None, 8],
                        "head_dim": [None, 128], "block_size": [None, 16], "window": [None, 0],
                        "kv_dtype": [None, "bf16"]})
-    out = p.predict_frame(df)
+    out = p.predict(df)
     assert list(out["tier"]) == ["target", "target"]
     assert list(out["model"]) == ["target/h200_sxm/gemm", "target/h200_sxm/attn_decode"]
-    assert np.allclose(out["predicted_ms"], out["t_roof"].astype(float) * out["eta"] * 1e3)
+    assert np.allclose(out["latency_us"], out["t_roof"].astype(float) * out["eta"] * 1e6)
     gemm = {c: df[c].iloc[:1].to_numpy() for c in ("m", "n", "k", "dtype")}
-    assert p.latency("gemm", gemm)[0] == pytest.approx(out["predicted_ms"].iloc[0] / 1e3)
+    assert p.predict(gemm, family="gemm")["seconds"][0] == pytest.approx(out["latency_us"].iloc[0] / 1e6)
+    with pytest.raises(KernelsightError, match="needs family="):
+        p.predict(gemm)
+    with pytest.raises(KernelsightError, match="family= is for a mapping"):
+        p.predict(df, family="gemm")
+    assert p.predict(df.iloc[:0])["latency_us"].empty
 
 
 def _cfg(**over):
@@ -105,3 +111,38 @@ def test_predict_command_on_a_sweep_writes_per_row_errors(tmp_path, capsys):
     assert np.allclose(pred["ape_pct"], (pred["predicted_ms"] - pred["latency_ms"]).abs() / pred["latency_ms"] * 100)
     with pytest.raises(KernelsightError, match="kernel.family"):
         predict(_cfg())
+
+
+def test_predict_bad_kernel_and_out_are_one_line_exit_2(tmp_path, capsys):
+    from kernelsight import cli
+
+    sweep = write_sweep(gemm_rows("l4", n_rows=3), tmp_path / "l4.parquet")
+    (tmp_path / "file").write_text("x")
+    for args, message in ((["kernel.family=gemm", "kernel.m=true", "kernel.n=64", "kernel.k=64"],
+                           "gemm.m = True: must be an integer >= 1"),
+                          ([f"sweep_file={sweep}", f"out={tmp_path / 'file' / 'p.csv'}"],
+                           f"out={tmp_path / 'file' / 'p.csv'}: {tmp_path / 'file'} is a file, not a directory")):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["predict", *args])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err == f"kernelsight predict: error: {message}\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["target=h100_smx"], "target=h100_smx: unknown GPU 'h100_smx': did you mean 'h100_sxm'?"),
+    (["target=mi300x"], "target=mi300x: no calibration rows for this GPU; GPUs with data:"),
+    (["learner.num_trees=-1"], "learner.num_trees=-1: must be an integer >= 1"),
+    (["seed=-1"], "seed=-1: must be an integer >= 0 (a random seed)"),
+])
+def test_calibrate_settings_are_checked_before_the_data_is_loaded(args, message, tmp_path, capsys, monkeypatch):
+    from kernelsight import cli
+    from kernelsight.calibrate import rows
+
+    def not_yet(files):
+        raise AssertionError("the data was loaded before the settings were checked")
+
+    monkeypatch.setattr(rows, "load_rows", not_yet)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["calibrate", f"out={tmp_path / 'report'}", *args])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"kernelsight calibrate: error: {message}") and err.count("\n") == 1

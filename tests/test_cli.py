@@ -4,8 +4,8 @@ import subprocess
 
 import pytest
 
-from kernelsight.predictor import cli
-from kernelsight.predictor.cli import COMMANDS, Command, check_group_overrides, split_command, to_overrides
+from kernelsight import cli
+from kernelsight.cli import COMMANDS, Command, check_group_overrides, split_command, to_overrides
 from kernelsight.predictor.errors import KernelsightError
 
 PREDICT = Command("x:y", "predict", positional="sweep")
@@ -51,8 +51,68 @@ def test_group_override_typo_is_caught_before_hydra():
         check_group_overrides(["hardware=h100_smx"])
     assert "did you mean 'h100_sxm'" in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(KernelsightError, match=r"did you mean 'h100_pcie' or 'h100_sxm'\?"):
-        check_group_overrides(["hardware=h100"])  # the start of two configs' names: both, not 'mi100'
-    check_group_overrides(["hardware=h100_sxm", "hardware=a,b", "seed=3"])  # fine
+        check_group_overrides(["hardware=h10"])  # the start of two configs' names: both, not 'mi100'
+    with pytest.raises(KernelsightError, match=r"^hardware=h10O: no such config"):
+        check_group_overrides(["-m", "hardware=h100_sxm,h10O"])  # every name of a sweep
+    fine = ["hardware=h100_sxm", "hardware=h100_sxm,a100_sxm", "seed=3", "hardware=my_gpu.yaml",
+            "hardware=glob(h1*)"]
+    assert check_group_overrides(fine) == fine
+
+
+def test_gpu_aliases_and_device_names_become_their_config():
+    """h100 is an alias in conf/hardware/h100_sxm.yaml: Hydra gets the file's name, not an error."""
+    assert check_group_overrides(["hardware=h100", "seed=3"]) == ["hardware=h100_sxm", "seed=3"]
+    assert check_group_overrides(["+hardware=NVIDIA H100 80GB HBM3"]) == ["+hardware=h100_sxm"]
+    assert check_group_overrides(["-m", "hardware=h100,a100_sxm"]) == ["-m", "hardware=h100_sxm,a100_sxm"]
+
+
+def test_ctrl_c_is_exit_130_and_one_line_on_what_was_kept(monkeypatch, capsys):
+    from kernelsight.cli import roofline as command
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "roofline", interrupted)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["roofline"])
+    assert e.value.code == 130
+    assert capsys.readouterr().err == "kernelsight roofline: interrupted: nothing written\n"
+
+    def interrupted_with_a_hint(cfg):
+        with cli.on_interrupt(lambda: "3 of 8 rows kept in x.parts/; run the same command again to continue"):
+            with cli.on_interrupt("inner hint wins"):
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "roofline", interrupted_with_a_hint)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["roofline"])
+    assert e.value.code == 130 and capsys.readouterr().err == "kernelsight roofline: interrupted: inner hint wins\n"
+
+
+def test_bench_resume_hint_repeats_every_override_given(monkeypatch):
+    from pathlib import Path
+
+    from kernelsight.cli import bench
+
+    given = ["sweep=cpu", "device=cpu", "resume=true", "sweep_id=x", "providers=[torch,triton]"]
+    monkeypatch.setattr(bench, "task_overrides", lambda: given)
+    assert bench.resume_command(Path("out/cpu/x")) == \
+        "kernelsight bench sweep=cpu device=cpu 'providers=[torch,triton]' resume=out/cpu/x"
+
+
+def test_an_os_error_is_one_line_exit_2(monkeypatch, capsys):
+    import errno
+
+    from kernelsight.cli import roofline as command
+
+    def full_disk(cfg):
+        raise OSError(errno.ENOSPC, "No space left on device", "out/steps.csv")
+
+    monkeypatch.setattr(command, "roofline", full_disk)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["roofline"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "kernelsight roofline: error: out/steps.csv: No space left on device\n"
 
 
 def test_main_prints_usage_and_exits_2_on_bad_command(capsys):

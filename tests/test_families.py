@@ -188,6 +188,38 @@ def test_bad_shapes_give_one_clear_line(family, bad, message):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("value", [True, False, "32", 3.5, None])
+def test_a_size_is_an_integer_not_a_bool_string_or_fraction(value):
+    with pytest.raises(KernelsightError) as e:
+        make_shape("gemm", m=value, n=8, k=8)
+    assert str(e.value) == f"gemm.m = {value!r}: must be an integer >= 1"
+    import pandas as pd
+    frame = pd.DataFrame({"family": ["gemm", "gemm"], "m": [8, value], "n": [8, 8], "k": [8, 8], "dtype": "bf16"})
+    with pytest.raises(KernelsightError, match=r"row 1: gemm.m"):
+        roofline_frame(frame, H100)
+
+
+def test_whole_number_settings_refuse_bools_and_fractions():
+    import numpy as np
+
+    from kernelsight.predictor.errors import check_seed, whole_number
+    assert whole_number(np.int64(4), "m") == 4 and check_seed(0) == 0
+    for value in (True, 3.5, 4.0, "4", 0):
+        with pytest.raises(KernelsightError, match=f"m={value!r}: must be an integer >= 1"):
+            whole_number(value, "m")
+    with pytest.raises(KernelsightError, match=r"seed=-1: must be an integer >= 0 \(a random seed\)"):
+        check_seed(-1)
+
+
+def test_roofline_of_an_empty_frame_is_empty():
+    import pandas as pd
+    for empty in (pd.DataFrame(), pd.DataFrame({"family": []}), pd.DataFrame({"family": pd.Series([], dtype=float)})):
+        out = roofline_frame(empty, H100)
+        assert out.empty and "t_roof" in out.columns
+    with pytest.raises(KernelsightError, match="row 0: family is empty"):
+        roofline_frame(pd.DataFrame({"family": [None], "m": [1]}), H100)
+
+
 def test_unknown_family_and_field_suggest_names():
     with pytest.raises(KernelsightError, match="did you mean 'gemm'"):
         get_family("gemn")

@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 
 from kernelsight.calibrate.importers import aiconfigurator, neusight, vidur
-from kernelsight.calibrate.importers.commands import data_summary, import_dataset
+from kernelsight.cli.data import data_summary, import_dataset
 from kernelsight.calibrate.importers.common import ETA_LT_1, format_report, write_public
-from kernelsight.predictor import cli
+from kernelsight import cli
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.families import make_shape
 from kernelsight.predictor.paths import conf_dir, data_dir

@@ -239,3 +239,118 @@ def test_engine_profile_schema_refuses_bad_values(tmp_path):
     path.write_text(yaml.safe_dump(engine))
     with pytest.raises(KernelsightError, match="frontend"):
         load_engine(path)
+
+
+def _hf_error(tmp_path, **changes) -> str:
+    """The one-line error of loading LLAMA_8B_HF with `changes` (None deletes a key) from a config.json."""
+    config = {k: v for k, v in {**LLAMA_8B_HF, **changes}.items() if v is not None or k not in changes}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(KernelsightError) as e:
+        load_model(tmp_path)
+    message = str(e.value)
+    assert "\n" not in message and str(path) in message, message
+    return message
+
+
+def test_hf_config_fields_are_type_checked_in_one_line_naming_the_field(tmp_path):
+    assert "field 'num_hidden_layers' = -4: must be >= 1" in _hf_error(tmp_path, num_hidden_layers=-4)
+    assert "field 'hidden_size' = 0: must be >= 1" in _hf_error(tmp_path, hidden_size=0)
+    assert "field 'num_hidden_layers' = '32': must be an integer" in _hf_error(tmp_path, num_hidden_layers="32")
+    assert "field 'num_hidden_layers' = True: must be an integer" in _hf_error(tmp_path, num_hidden_layers=True)
+    assert "field 'vocab_size' = 3.5: must be an integer" in _hf_error(tmp_path, vocab_size=3.5)
+    assert "missing field 'max_position_embeddings'" in _hf_error(tmp_path, max_position_embeddings=None)
+    assert "field 'tie_word_embeddings' = 'no': must be true or false" in _hf_error(tmp_path,
+                                                                                    tie_word_embeddings="no")
+    assert "field 'hidden_act' = ['silu']" in _hf_error(tmp_path, hidden_act=["silu"])
+    assert "field 'sliding_window' = -1" in _hf_error(tmp_path, architectures=["MistralForCausalLM"],
+                                                      sliding_window=-1)
+    assert "field 'quantization_config' = 'fp8': must be a mapping" in _hf_error(tmp_path,
+                                                                                 quantization_config="fp8")
+    assert "field 'torch_dtype' = {}" in _hf_error(tmp_path, torch_dtype={})
+    assert "field 'architectures'" in _hf_error(tmp_path, architectures="LlamaForCausalLM")
+    mixtral = {"architectures": ["MixtralForCausalLM"], "num_local_experts": 8, "num_experts_per_tok": 2}
+    assert "missing field 'num_local_experts'" in _hf_error(tmp_path, **{**mixtral, "num_local_experts": None})
+    assert "field 'num_experts_per_tok' = 9: exceeds num_local_experts = 8" in _hf_error(
+        tmp_path, **{**mixtral, "num_experts_per_tok": 9})
+
+
+def test_hf_head_sizes_must_be_consistent(tmp_path):
+    assert "field 'num_key_value_heads' = 5: does not divide num_attention_heads = 32" in _hf_error(
+        tmp_path, num_key_value_heads=5)
+    assert "field 'num_key_value_heads' = 64" in _hf_error(tmp_path, num_key_value_heads=64)
+    assert "field 'hidden_size' = 4100: not divisible by num_attention_heads = 32" in _hf_error(tmp_path,
+                                                                                                hidden_size=4100)
+    # an explicit head_dim (Gemma-2, Qwen3) need not be hidden / heads
+    m = from_hf({**LLAMA_8B_HF, "hidden_size": 4100, "head_dim": 128}, "x", "mem")
+    assert (m.hidden, m.head_dim) == (4100, 128)
+
+
+def test_yaml_counts_refuse_strings_bools_and_fractions(tmp_path):
+    assert "field 'layers' = '32': must be an integer" in _yaml_error(tmp_path, layers="32")
+    assert "field 'layers' = True: must be an integer" in _yaml_error(tmp_path, layers=True)
+    assert "field 'heads' = 3.5: must be an integer" in _yaml_error(tmp_path, heads=3.5)
+    assert "field 'vocab' = inf: must be an integer" in _yaml_error(tmp_path, vocab=float("inf"))
+
+
+def test_rope_scaling_sets_the_context_limit_as_vllm_derives_it():
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    qwen = from_hf({**LLAMA_8B_HF, "max_position_embeddings": 40960, "rope_scaling": yarn}, "x", "mem")
+    assert (qwen.max_position, qwen.context_limit) == (40960, 131072)  # yarn scales the original length
+    dynamic = from_hf({**LLAMA_8B_HF, "max_position_embeddings": 4096,
+                       "rope_scaling": {"type": "dynamic", "factor": 2.0}}, "x", "mem")  # legacy 'type' key
+    assert dynamic.context_limit == 8192 and dynamic.derived_max_model_len == 8192
+    llama = load_model("llama3.1-8b")  # rope_type llama3: max_position_embeddings is already the long context
+    assert llama.context_limit == llama.max_position == 131072 and llama.derived_max_model_len is None
+    with pytest.raises(KernelsightError, match=r"mem: field 'rope_scaling.factor' = -2: must be > 0"):
+        from_hf({**LLAMA_8B_HF, "rope_scaling": {"rope_type": "linear", "factor": -2}}, "x", "mem")
+    with pytest.raises(KernelsightError, match=r"missing field 'rope_scaling.original_max_position_embeddings'"):
+        from_hf({**LLAMA_8B_HF, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "x", "mem")
+
+
+def test_max_model_len_follows_vllms_rule():
+    import warnings
+
+    from kernelsight.sim.context import exceeds_max_model_len, resolve_max_model_len
+
+    llama = load_model("llama3.1-8b")
+    assert resolve_max_model_len(llama, None) == 131072
+    assert resolve_max_model_len(llama, 4096) == 4096
+    with pytest.raises(KernelsightError) as e:
+        resolve_max_model_len(llama, 200_000)
+    message = str(e.value)
+    assert "\n" not in message and "max_model_len=200000" in message and "131072" in message
+    assert "allow_long_max_model_len=true" in message and "conf/model/llama3.1-8b.yaml" in message
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert resolve_max_model_len(llama, 200_000, allow_long_max_model_len=True) == 200_000
+    assert len(caught) == 1 and "200000" in str(caught[0].message)
+    for bad, needle in ((True, "max_model_len=True"), ("4096", "max_model_len='4096'"), (1, "max_model_len=1"),
+                        (4096.5, "max_model_len=4096.5")):
+        with pytest.raises(KernelsightError, match=needle):
+            resolve_max_model_len(llama, bad)
+    with pytest.raises(KernelsightError, match="allow_long_max_model_len='yes': must be true or false"):
+        resolve_max_model_len(llama, 4096, allow_long_max_model_len="yes")
+    # per request: prompt + output tokens above max_model_len is rejected, as vLLM's server does
+    assert exceeds_max_model_len(4000, 97, 4096) and not exceeds_max_model_len(4000, 96, 4096)
+    assert exceeds_max_model_len(4096, 1, 4096) and not exceeds_max_model_len(10**6, 1, None)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"tp": True}, "parallel.tp=True: must be an integer >= 1"),
+    ({"tp": 0}, "parallel.tp=0: must be an integer >= 1"),
+    ({"pp": -2}, "parallel.pp=-2: must be an integer >= 1"),
+    ({"ep": "2"}, "parallel.ep='2': must be an integer >= 1"),
+    ({"dp": 2.0}, "parallel.dp=2.0: must be an integer >= 1"),
+    ({"tp": 2, "ep": 4}, "field 'ep' = 4 must divide tp = 2"),
+    ({"link": "nvlnk"}, "parallel.link='nvlnk': must be one of nvlink, pcie, net (did you mean 'nvlink'?)"),
+    ({"net_gbs_per_gpu": 0}, "parallel.net_gbs_per_gpu=0: must be a number > 0"),
+])
+def test_parallel_layout_sizes_are_checked_however_it_is_built(changes, message):
+    with pytest.raises(KernelsightError) as e:
+        ParallelConfig("x", **changes)
+    assert str(e.value) == message or str(e.value).startswith(message), str(e.value)
+    with pytest.raises(KernelsightError, match=r"conf/parallel/x.yaml: field 'tp' = True: must be an integer"):
+        ParallelConfig.from_mapping({"name": "x", "tp": True}, "conf/parallel/x.yaml")
+    with pytest.raises(KernelsightError, match="pp=81 exceeds the 80 layers"):
+        shard(load_model("llama3.1-70b"), ParallelConfig("x", tp=8, pp=81))

@@ -1,11 +1,13 @@
 """`kernelsight roofline` in its three modes, its output file, and one-line errors with exit code 2."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 import pytest
 import yaml
 
-from kernelsight.predictor import cli
+from kernelsight import cli
 from kernelsight.predictor.families import SHAPE_COLUMNS, make_shape
 from kernelsight.predictor.hardware import load_hardware
 from kernelsight.predictor.paths import conf_dir
@@ -135,6 +137,29 @@ def test_bad_input_is_one_line_with_exit_code_2(capsys, tmp_path):
     assert "use a .csv or .parquet" in fails(capsys, "kernel.family=gemm", "kernel.m=1", "kernel.n=1", "kernel.k=1",
                                              "kernel.dtype=bf16", f"out={tmp_path / 't.xlsx'}")
     assert not (tmp_path / "t.xlsx").exists()
+    (tmp_path / "file").write_text("x")
+    assert f"out={tmp_path / 'file' / 'steps.csv'}: {tmp_path / 'file'} is a file, not a directory" in \
+        fails(capsys, f"out={tmp_path / 'file' / 'steps.csv'}")
+    (tmp_path / "d.csv").mkdir()
+    assert "d.csv: is a directory, not a file" in fails(capsys, f"out={tmp_path / 'd.csv'}")
+
+
+def test_out_is_written_whole_or_not_at_all(capsys, tmp_path, monkeypatch):
+    """A failed write (here: a full disk) keeps the previous table and leaves no temporary file."""
+    import errno
+
+    out = tmp_path / "steps.csv"
+    run(capsys, f"out={out}")
+    before = out.read_text()
+
+    def full_disk(self, path, **kwargs):
+        Path(path).write_text("half a tab")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", full_disk)
+    err = fails(capsys, f"out={out}", "decode.batch=8")
+    assert "cannot write: No space left on device (disk full or file size limit); nothing was written" in err
+    assert out.read_text() == before and [p.name for p in tmp_path.iterdir()] == ["steps.csv"]
 
 
 def test_help_and_kernel_keys_cover_every_shape_column(capsys):

@@ -325,3 +325,11 @@ def test_decode_fast_path_changes_nothing(monkeypatch):
     slow = once()
     assert fast["preemptions"] > 0 and fast["prefix_cache_hit_rate"] > 0.2
     np.testing.assert_equal(fast, slow)
+
+
+def test_the_engine_refuses_a_negative_seed_in_one_line():
+    from kernelsight.predictor.errors import KernelsightError
+
+    with pytest.raises(KernelsightError) as e:
+        engine(config(), blocks=16, seed=-1)
+    assert str(e.value) == "seed=-1: must be an integer >= 0 (a random seed)"

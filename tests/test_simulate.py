@@ -17,10 +17,11 @@ from kernelsight.sim.engine import Engine, build_replicas
 from kernelsight.sim.pricing import StepTime
 from kernelsight.sim.report import BreakdownAccumulator
 from kernelsight.sim.scheduler import SchedulerConfig
-from kernelsight.sim.simulate import append_result, simulate
+from kernelsight.cli.simulate import KEY_COLUMNS, simulate
+from kernelsight.predictor.outputs import append_row
 from kernelsight.sim.workload import Workload, WorkloadConfig
 
-CLI = "import sys; from kernelsight.predictor import cli; cli.main(['simulate', *sys.argv[1:]])"
+CLI = "import sys; from kernelsight import cli; cli.main(['simulate', *sys.argv[1:]])"
 
 
 class LinearPricer:
@@ -161,6 +162,57 @@ def test_simulate_with_the_real_pricer_writes_every_output(tmp_path, capsys):
     assert [(s["tier"], s["model"], s["time_share"]) for s in gemm] == [("target", "target/h100_sxm/gemm", 1.0)]
     for png in ("latency_cdf.png", "timeline.png", "breakdown.png"):
         assert (out / png).stat().st_size > 10_000
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # the staging folder became out: nothing left beside
+
+
+def test_output_dir_is_refused_when_not_empty_and_replaced_whole_with_overwrite(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(KernelsightError, match=r"output_dir=.*out: not empty; pass overwrite=true") as e:
+        simulate(composed("num_requests=5", f"output_dir={out}"))
+    assert "\n" not in str(e.value) and [p.name for p in out.iterdir()] == ["notes.txt"]
+    simulate(composed("num_requests=5", f"output_dir={out}", "overwrite=true", "plots=false"))
+    assert sorted(p.name for p in out.iterdir()) == ["breakdown.csv", "requests.parquet", "steps.parquet",
+                                                     "summary.json", "trace.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(KernelsightError, match=r"output_dir=.*file/run: .*file is a file, not a directory"):
+        simulate(composed("num_requests=5", f"output_dir={tmp_path / 'file' / 'run'}"))
+
+
+def test_a_failed_run_leaves_output_dir_as_it_was(tmp_path, monkeypatch):
+    from kernelsight.cli import simulate as command
+
+    out = tmp_path / "out"
+    simulate(composed("num_requests=5", f"output_dir={out}", "plots=false"))
+    before = (out / "summary.json").read_text()
+
+    def crash(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(command, "write_plots", crash)
+    with pytest.raises(KeyboardInterrupt) as e:
+        simulate(composed("num_requests=7", f"output_dir={out}", "overwrite=true"))
+    assert e.value.kept == "nothing written (output_dir unchanged)"
+    assert (out / "summary.json").read_text() == before and [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_results_table_keeps_its_rows_and_a_foreign_csv_is_refused_before_the_run(tmp_path, capsys):
+    table = tmp_path / "runs.csv"
+    simulate(composed("num_requests=5", f"results_table={table}"))
+    simulate(composed("num_requests=6", f"results_table={table}", "hardware=a100_sxm"))
+    runs = pd.read_csv(table)
+    assert list(runs["hardware"]) == ["h100_sxm", "a100_sxm"] and list(runs["completed"]) == [5, 6]
+    assert len(pd.read_parquet(table.with_suffix(".parquet"))) == 2
+    mine = tmp_path / "mine.csv"
+    mine.write_text("name,score\nx,1\n")
+    capsys.readouterr()
+    with pytest.raises(KernelsightError, match=r"results_table=.*mine.csv: exists and is not a kernelsight results "
+                                               r"table \(no model, hardware, engine, workload column\)"):
+        simulate(composed("num_requests=5", f"results_table={mine}"))
+    assert "Serving Simulation Result" not in capsys.readouterr().out  # refused before simulating
+    assert mine.read_text() == "name,score\nx,1\n" and not mine.with_suffix(".parquet").exists()
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -169,6 +221,7 @@ def test_simulate_with_the_real_pricer_writes_every_output(tmp_path, capsys):
     (["router=random"], r"router='random': unknown router"),
     (["slo.ttft_ms=-5"], r"slo.ttft_ms=-5: must be a positive number"),
     (["num_requests=0"], r"num_requests=0: must be an integer >= 1 \(null: every row of a trace\)"),
+    (["seed=-1"], r"seed=-1: must be an integer >= 0 \(a random seed\)"),
     (["parallel=tp8", "model=phi-4"], r"model phi-4 with tp=8: tp=8 does not divide the 10 KV heads"),
 ])
 def test_bad_configs_are_one_line_errors(overrides, message):
@@ -201,7 +254,9 @@ def test_multirun_with_the_joblib_launcher_writes_one_row_per_run(tmp_path):
 
 def test_concurrent_jobs_never_lose_a_row(tmp_path):
     table = tmp_path / "runs.csv"
-    threads = [threading.Thread(target=append_result, args=(table, {"job": i, "x": i * 1.5}, i)) for i in range(8)]
+    row = dict.fromkeys(KEY_COLUMNS, "x")
+    threads = [threading.Thread(target=append_row, args=(table, {**row, "job": i, "x": i * 1.5}, KEY_COLUMNS))
+               for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:

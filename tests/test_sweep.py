@@ -71,8 +71,8 @@ def test_interrupted_write_leaves_no_file(tmp_path, monkeypatch):
 
 def test_overwrite_is_atomic_old_file_survives_a_crash(tmp_path, monkeypatch):
     target = write_sweep(_frame(), tmp_path / "s.parquet")
-    monkeypatch.setattr(sweep.pq, "write_table", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
-    with pytest.raises(OSError):
+    monkeypatch.setattr(sweep.pq, "write_table", lambda *a, **k: (_ for _ in ()).throw(OSError(28, "disk full")))
+    with pytest.raises(KernelsightError, match="cannot write: disk full .*nothing was written"):
         write_sweep(_frame().iloc[:1], target)
     assert len(read_sweep(target)) == 3
 
@@ -180,3 +180,59 @@ def test_environment_must_be_json_serialisable_and_is_sorted(tmp_path):
     raw = pq.read_schema(path).metadata[b"kernelsight.environment"]
     assert json.loads(raw) == {"a": [1, 2], "b": 1}
     assert raw.index(b'"a"') < raw.index(b'"b"')
+
+
+def test_a_sweep_file_without_rows_is_refused_naming_it(tmp_path):
+    path = write_sweep(_frame(), tmp_path / "s.parquet")
+    table = pq.read_table(path)
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(table.slice(0, 0), empty)
+    with pytest.raises(KernelsightError) as e:
+        read_sweep(empty)
+    _one_line(e, str(empty), "no rows")
+    with pytest.raises(KernelsightError) as e:  # also when filters would have kept none anyway
+        read_sweep(empty, columns=["family"], filters=[("family", "=", "gemm")])
+    _one_line(e, str(empty), "no rows")
+    with pytest.raises(KernelsightError) as e:
+        write_sweep(_frame().iloc[:0], tmp_path / "none.parquet")
+    _one_line(e, "none.parquet", "no rows")
+    # a filter that matches nothing in a file with rows is not an error
+    assert read_sweep(path, filters=[("family", "=", "moe")]).empty
+
+
+def _write_raw(path, df):
+    """A sweep file holding rows write_sweep would refuse (as an old or foreign writer might leave)."""
+    table = sweep._to_table(df.reindex(columns=list(COLUMNS)), {})
+    pq.write_table(table, path)
+    return path
+
+
+def test_bad_rows_of_a_sweep_file_name_the_file_row_and_value(tmp_path):
+    df = sweep.conform(_frame())
+    df.loc[2, "device"] = "h100"
+    bad = _write_raw(tmp_path / "shard-1.parquet", df)
+    write_sweep(_frame(), tmp_path / "shard-0.parquet")
+    with pytest.raises(KernelsightError) as e:
+        read_sweep(tmp_path)  # a directory: the shard at fault is named, rows counted within it
+    _one_line(e, str(bad), "row 2", "device = 'h100'", "did you mean 'h100_sxm'?")
+    df.loc[2, "device"] = "z900"
+    _write_raw(bad, df)
+    with pytest.raises(KernelsightError) as e:
+        read_sweep(bad)
+    _one_line(e, str(bad), "row 2", "device = 'z900': not a hardware catalog key")
+    df.loc[2, "device"] = "cpu"  # CPU-mode sweeps of the harness are not catalog devices
+    assert len(read_sweep(_write_raw(bad, df))) == 3
+    df.loc[1, "family"] = "attn_decod"
+    _write_raw(bad, df)
+    with pytest.raises(KernelsightError) as e:
+        read_sweep(bad)
+    _one_line(e, str(bad), "row 1", "family = 'attn_decod'", "did you mean 'attn_decode'")
+    df = sweep.conform(_frame())
+    df.loc[0, "m"] = 0
+    _write_raw(bad, df)
+    with pytest.raises(KernelsightError) as e:
+        read_sweep(bad)
+    _one_line(e, str(bad), "row 0", "gemm.m = 0")
+    with pytest.raises(KernelsightError) as e:
+        read_sweep(bad, columns=["family", "colour"])
+    _one_line(e, str(bad), "colour")

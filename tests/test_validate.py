@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from kernelsight.predictor import cli
+from kernelsight import cli
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.hardware import load_hardware
 from kernelsight.predictor.paths import conf_dir
@@ -22,13 +22,13 @@ from kernelsight.sim.memory import kv_cache_blocks
 from kernelsight.sim.model import load_model
 from kernelsight.sim.parallel import ParallelConfig
 from kernelsight.sim.pricing import StepPricer
-from kernelsight.sim.validate import composition as comp
-from kernelsight.sim.validate import report as rep
-from kernelsight.sim.validate.allreduce import fit_custom_allreduce
-from kernelsight.sim.validate.rows import (ValidationRow, default_csv, model_for, parse_mappings, read_rows,
-                                           throughput, with_protocol)
-from kernelsight.sim.validate.run import RunSettings, Tier, deployment_engine, round_s, simulate_row
 from kernelsight.sim.vllm_allreduce import MeasuredAllReduce, measured_allreduce, vllm_allreduce_rows
+from kernelsight.validate import composition as comp
+from kernelsight.validate import report as rep
+from kernelsight.validate.allreduce import fit_custom_allreduce
+from kernelsight.validate.rows import (ValidationRow, default_csv, model_for, parse_mappings, read_rows, throughput,
+                                       with_protocol)
+from kernelsight.validate.run import RunSettings, Tier, deployment_engine, round_s, simulate_row
 
 HEADER = "id,model_path,precision,system,isl,osl,concurrency,tp_size,ttft_ms,tpot_ms"
 GOOD = "a,Qwen/Qwen3-32B,bf16,h100_sxm,1024,128,8.0,2.0,154.2,18.0"
@@ -231,14 +231,13 @@ def test_step_log_with_frontend_delays_and_staggered_start_keeps_idle_time_and_s
 def test_staggered_round_prefills_a_long_prompt_in_budget_chunks():
     # A prompt longer than the step budget is prefilled in chunks; a step beyond the budget is refused.
     from kernelsight.sim.batch import StepBatch
-    from kernelsight.sim.simulate import build_setup
-    from kernelsight.sim.validate.run import _config
+    from kernelsight.validate.run import row_setup
 
     row, model = small_row(isl=5000, osl=4, concurrency=2), load_model("llama3.1-8b")
     engine = engine_map()
     engine["scheduler"]["max_num_batched_tokens"] = 2048
     settings = RunSettings(0, 1, 0, engine, start="staggered")
-    pricer = build_setup(_config(row, model, ROOFLINE, engine)).pricer
+    pricer = row_setup(row, model, ROOFLINE, engine).pricer
     chunks = [(2048, 0, 0), (2048, 2048, 0), (904, 4096, 1)]
     prefill = sum(pricer.step_time(StepBatch(prefill_new=(n,), prefill_ctx=(done,), prefill_sampled=s)).total_s
                   for n, done, s in chunks)
@@ -310,7 +309,7 @@ def test_custom_allreduce_below_the_size_limit_nccl_above():
     assert limit == 0.25 * 2**20
     cols = {"msg_bytes": np.array([4096.0, limit - 16, limit, 8 * limit]), "world_size": np.array([8] * 4),
             "link": np.array(["nvlink"] * 4, dtype=object), "dtype": np.array(["bf16"] * 4, dtype=object)}
-    nccl = Predictor(hw, tier="roofline").latency("allreduce", cols)
+    nccl = Predictor(hw, tier="roofline").predict(cols, family="allreduce")["seconds"]
     got, by = pricer._allreduce_flavour(cols, nccl)
     assert by.tolist() == ["vLLM custom all-reduce model"] * 2 + ["", ""]
     bus = cols["msg_bytes"] * 2 * 7 / 8
@@ -340,7 +339,7 @@ def test_measured_allreduce_uses_the_gpu_rows_or_a_die_sibling_on_the_same_nvlin
     assert measured_allreduce("l40s") is None  # no NVLink: NCCL over PCIe stays the predictor's
     assert measured_allreduce("h100_sxm", "roofline") is None  # the plain roofline prices no measurement
     rows = vllm_allreduce_rows()
-    assert set(rows["provider"]) == {"vllm.custom_ar"} and rows["cuda_graph"].all()
+    assert list(rows.columns[:5]) == ["device", "world_size", "dtype", "msg_bytes", "latency_ms"]
 
 
 def test_measured_allreduce_prices_what_its_rows_cover_per_tier():
@@ -477,12 +476,12 @@ def test_validate_bad_protocol_is_one_line(capsys, override, message):
 
 
 def test_report_names_the_die_sibling_that_prices_the_cross_tier():
-    from kernelsight.sim.validate.commands import _sibling_note
-    from kernelsight.sim.validate.run import Tier
+    from kernelsight.validate.context import sibling_note
+    from kernelsight.validate.run import Tier
 
-    note = _sibling_note(Tier("cross", "cross", None), ["h100_sxm", "l40s"])
+    note = sibling_note(Tier("cross", "cross", None), ["h100_sxm", "l40s"])
     assert "h100_sxm from h200_sxm" in note and "l40s" not in note
-    assert "cross-device models only" in _sibling_note(Tier("cross", "cross", None), ["mi300x"])
+    assert "cross-device models only" in sibling_note(Tier("cross", "cross", None), ["mi300x"])
 
 
 def test_cached_cross_bundle_is_rebuilt_only_when_stale(tmp_path, monkeypatch, capsys):
@@ -490,12 +489,12 @@ def test_cached_cross_bundle_is_rebuilt_only_when_stale(tmp_path, monkeypatch, c
     one: its manifest marks a cached bundle current; any difference marks it stale."""
     import json
 
-    from kernelsight.calibrate import commands as calibration
+    from kernelsight.cli import validate as command
     from kernelsight.predictor.paths import data_dir
-    from kernelsight.sim.validate.commands import ensure_cross_bundle
 
+    ensure_cross_bundle = command.ensure_cross_bundle
     built = []
-    monkeypatch.setattr(calibration, "calibrate_publish", lambda cfg: built.append(cfg.bundle))
+    monkeypatch.setattr(command, "publish", lambda settings, progress=None: built.append(settings.bundle))
     shipped = json.loads((data_dir() / "artifacts" / "default" / "manifest.json").read_text())
     cached = tmp_path / "no_h100"
     cached.mkdir()
@@ -547,3 +546,24 @@ def test_async_rows_are_scored_as_they_ran_and_do_not_inform_the_host_fit():
     # profile's value (fitted on every row, the held-out ones included).
     theta = comp.fit([lin, lin], np.array([[50.0, 8.0], [50.0, 9.0]]), ["per_request_us"])
     assert theta["per_request_us"] == 0.0
+
+
+def test_a_bundle_name_resolves_to_the_shipped_one_or_the_user_cache(tmp_path, monkeypatch):
+    """Bundles built on demand (the cross-tier validation bundle) go to the user cache, never into the package."""
+    from kernelsight.validate.cross_bundle import resolve_bundle
+
+    monkeypatch.setenv("KERNELSIGHT_CACHE", str(tmp_path / "cache"))
+    assert resolve_bundle(None) is None
+    assert resolve_bundle("default").endswith("artifacts/default")
+    assert resolve_bundle("no_h100") == str(tmp_path / "cache" / "bundles" / "no_h100")
+    assert resolve_bundle(str(tmp_path)) == str(tmp_path)
+
+
+def test_shipped_allreduce_rows_are_the_reference_datas():
+    """data/engine/vllm_custom_ar.csv (in the wheel) holds exactly the CUDA-graph custom_ar rows of data/public."""
+    from kernelsight.predictor.paths import data_dir
+    from kernelsight.sim.vllm_allreduce import measured_rows, shipped_rows_path
+
+    shipped = pd.read_csv(shipped_rows_path())
+    fresh = measured_rows(data_dir() / "public" / "aiconfigurator")
+    pd.testing.assert_frame_equal(shipped, fresh, check_dtype=False, rtol=1e-8)

@@ -1,4 +1,4 @@
-"""`kernelsight validate serve.run=...`: the simulator against our own transformers runs (sim/validate/serve.py)."""
+"""`kernelsight validate serve.run=...`: the simulator against our own transformers runs (validate/serve.py)."""
 from __future__ import annotations
 
 import json
@@ -8,12 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kernelsight.predictor import cli
+from kernelsight import cli
 from kernelsight.predictor.paths import data_dir
 
 RUN = data_dir() / "validation" / "transformers" / "h100_sxm" / "llama8b-1"
 
 
+@pytest.mark.slow
 def test_every_workload_is_scored_and_poisson_is_never_fitted(tmp_path, capsys):
     report, table = tmp_path / "serve.md", tmp_path / "rows.csv"
     cli.main(["validate", "engine=transformers_cb", f"serve.run={RUN}", f"serve.report={report}",
@@ -49,6 +50,7 @@ def test_bad_serve_input_is_one_line(tmp_path, capsys, args, message):
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_several_runs_are_scored_leave_one_run_out(tmp_path):
     """Two runs (Llama on an H100, Qwen on an H200): every workload of one run is scored with the host terms
     fitted on the other run's closed loops alone, which are the terms a validation of that run fits."""
@@ -68,7 +70,7 @@ def test_several_runs_are_scored_leave_one_run_out(tmp_path):
 
 
 def test_serve_run_all_is_every_committed_run(tmp_path, capsys):
-    from kernelsight.sim.validate.serve import run_dirs
+    from kernelsight.validate.serve import run_dirs
 
     runs = run_dirs("all")
     assert RUN in runs and len(runs) >= 3 and all((r / "workloads.json").is_file() for r in runs)

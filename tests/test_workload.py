@@ -175,3 +175,17 @@ def test_streams_lazily_in_constant_memory():
     stream = workload(request_rate=100.0).requests(10_000_000, 0)
     first = [next(stream) for _ in range(5)]      # a generator: nothing is built ahead of use
     assert [r.request_id for r in first] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("seed, message", [(-1, "seed=-1: must be an integer >= 0"), (True, "seed=True"),
+                                           (1.5, "seed=1.5"), ("7", "seed='7'")])
+def test_a_seed_is_an_integer_from_zero_for_every_workload(tmp_path, seed, message):
+    csv = tmp_path / "t.csv"
+    csv.write_text("arrival_time,input_len,output_len\n0.0,10,5\n")
+    for w in (workload(), workload(arrival="trace", trace_file=str(csv), input=None, output=None)):
+        with pytest.raises(KernelsightError, match=message):
+            w.requests(10, seed)  # refused at the call, before the lazy stream starts
+    with pytest.raises(KernelsightError, match="num_requests=None: must be an integer >= 1"):
+        workload().requests(None, 0)
+    with pytest.raises(KernelsightError, match="num_requests=True"):
+        workload().requests(True, 0)

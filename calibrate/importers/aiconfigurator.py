@@ -83,14 +83,16 @@ p10/p90 and sample counts are not published.
 """
 
 
-def convert(src) -> ImportResult:
-    """Every system and table under src/data; src holds SOURCE.md, LICENSE, systems/ and data/."""
+def convert(src, progress=None) -> ImportResult:
+    """Every system and table under src/data; src holds SOURCE.md, LICENSE, systems/ and data/.
+    progress: a tqdm-like factory for a bar over the tables, or None."""
     info = read_source_info(Path(src), DATASET)
     data = info.folder / "data"
     if not data.is_dir():
         raise KernelsightError(f"{data}: missing (expected data/<system>/<kind>/<framework>/<version>/)")
     frames, notes, versions = [], [], {}
-    for table in sorted(data.glob("*/*/*/*/*.parquet")):
+    tables = sorted(data.glob("*/*/*/*/*.parquet"))
+    for table in progress(tables, desc=DATASET, unit="file") if progress else tables:
         system, _kind, framework, version = table.relative_to(data).parts[:4]
         mapper = _TABLES.get(table.stem)
         if mapper is None:

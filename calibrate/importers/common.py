@@ -13,7 +13,6 @@ and SOURCE.md, deterministically (sorted rows, no timestamps).
 from __future__ import annotations
 
 import re
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -26,6 +25,7 @@ import pyarrow.parquet as pq
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.families import SHAPE_COLUMNS, get_family
 from kernelsight.predictor.hardware import load_hardware, resolve_device
+from kernelsight.predictor.outputs import write_text
 from kernelsight.predictor.roofline import roofline_frame
 from kernelsight.predictor.sweep import COLUMNS, with_cost, write_sweep
 
@@ -254,10 +254,10 @@ def write_public(result: ImportResult, out: Path, conversion: str) -> list[Path]
     for stale in sorted(folder.glob("*.parquet")):
         if stale not in written:
             stale.unlink()
-    shutil.copyfile(info.folder / "LICENSE", folder / "LICENSE")
+    write_text(folder / "LICENSE", (info.folder / "LICENSE").read_text(encoding="utf-8"))
     note = (info.folder / "SOURCE.md").read_text(encoding="utf-8").rstrip("\n")
-    (folder / "SOURCE.md").write_text(f"{note}\n\n## Conversion by kernelsight\n\n{conversion.strip()}\n\n"
-                                      f"{_markdown_report(result)}", encoding="utf-8")
+    write_text(folder / "SOURCE.md", f"{note}\n\n## Conversion by kernelsight\n\n{conversion.strip()}\n\n"
+                                     f"{_markdown_report(result)}")
     return written
 
 

@@ -53,14 +53,16 @@ measured faster than their roofline are kept with flag eta_lt_1.
 """
 
 
-def convert(src) -> ImportResult:
-    """Every train/<op>/<torch>/<device>.csv and test/*.csv under src."""
+def convert(src, progress=None) -> ImportResult:
+    """Every train/<op>/<torch>/<device>.csv and test/*.csv under src. progress: a tqdm-like factory for a
+    bar over the train files, or None."""
     info = read_source_info(Path(src), DATASET)
     train = sorted((info.folder / "train").glob("*/*/*.csv"))
     test = sorted((info.folder / "test").glob("*.csv"))
     if not train and not test:
         raise KernelsightError(f"{info.folder}: no train/<op>/<torch>/<device>.csv or test/*.csv files")
-    frames = [_rows(read_table(p, BASE_COLUMNS), p, "train") for p in train]
+    frames = [_rows(read_table(p, BASE_COLUMNS), p, "train")
+              for p in (progress(train, desc=DATASET, unit="file") if progress else train)]
     for path, frame in zip(train, frames):
         wrong = frame["device_name"] != path.stem
         frame.loc[wrong & frame["reject"].isna(), "reject"] = f"Device column differs from the file name {path.stem!r}"

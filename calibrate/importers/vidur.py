@@ -103,8 +103,9 @@ measured faster than their roofline are kept with flag eta_lt_1.
 """
 
 
-def convert(src) -> ImportResult:
-    """Every compute profile and network profile under src/profiling."""
+def convert(src, progress=None) -> ImportResult:
+    """Every compute profile and network profile under src/profiling. progress: a tqdm-like factory for a
+    bar over the files, or None."""
     info = read_source_info(Path(src), DATASET)
     root = info.folder / "profiling"
     mlps = sorted((root / "compute").glob("*/*/*/mlp.csv"))
@@ -112,13 +113,14 @@ def convert(src) -> ImportResult:
     if not mlps and not nets:
         raise KernelsightError(f"{root}: no compute/<gpu>/<org>/<model>/mlp.csv or network/<node>/*.csv profiles")
     frames, notes = [], []
-    for path in mlps:
-        frames.append(_compute(path))
-    for path in nets:
-        if path.stem not in COLLECTIVES:
+    files = [*mlps, *nets]
+    for path in progress(files, desc=DATASET, unit="file") if progress else files:
+        if path in mlps:
+            frames.append(_compute(path))
+        elif path.stem not in COLLECTIVES:
             notes.append(f"skipped {path}: no kernel-family mapping for collective {path.stem!r}")
-            continue
-        frames.append(_network(path))
+        else:
+            frames.append(_network(path))
     cands = pd.concat(frames, ignore_index=True)
     cands["device"], unknown = assign_devices(cands["device_name"])
     cands["reject"] = cands["reject"].where(cands["reject"].notna(), unknown)

@@ -193,12 +193,24 @@ def _numeric(v: np.ndarray, name: str) -> np.ndarray:
         raise KernelsightError(f"shape field {name!r} must be numeric, got {v.tolist()[:3]!r}") from None
 
 
+def _not_a_number(v: np.ndarray) -> np.ndarray:
+    """Per element: a bool or a string, which numpy would silently turn into 1.0 or parse ('32')."""
+    if v.dtype.kind in "bUS":
+        return np.ones(v.shape, dtype=bool)
+    if v.dtype == object:
+        return np.asarray([isinstance(x, (bool, np.bool_, str, bytes)) for x in v.tolist()], dtype=bool)
+    return np.zeros(v.shape, dtype=bool)
+
+
 def _field_violation(f: Field, v: np.ndarray):
     v = np.asarray(v)
     if f.kind in ("pos", "nonneg"):
-        x = _numeric(v, f.name)
+        wrong = _not_a_number(v)
+        x = np.full(v.shape, np.nan)
+        if not wrong.all():
+            x[~wrong] = _numeric(v[~wrong], f.name)
         lo = 1 if f.kind == "pos" else 0
-        bad = ~np.isfinite(x) | (x < lo) | (x != np.floor(x))
+        bad = wrong | ~np.isfinite(x) | (x < lo) | (x != np.floor(x))
         return bad, f"must be an integer >= {lo}"
     if f.kind == "choice":
         allowed = set(f.choices)

@@ -1,7 +1,9 @@
-"""`kernelsight import` and `kernelsight data`: convert public data, and count what is committed.
+"""The public datasets the importers convert, and counts of the committed data.
 
-Both are Hydra command functions (see predictor/cli.py); their settings live in
-conf/import.yaml and conf/data.yaml.
+convert_datasets converts one dataset (or all) in memory; nothing is written
+until every requested dataset converted, so a bad input leaves the output
+folder as it was. summarize counts rows per device and family.
+`kernelsight import` and `kernelsight data` (cli/data.py) print and write them.
 """
 from __future__ import annotations
 
@@ -16,22 +18,18 @@ from kernelsight.predictor.paths import data_dir
 from kernelsight.predictor.sweep import read_sweep, sweep_files
 
 from . import aiconfigurator, neusight, vidur
-from .common import format_report, write_public
+from .common import ImportResult
 
 IMPORTERS = {m.DATASET: m for m in (aiconfigurator, vidur, neusight)}
+SUMMARY_COLUMNS = ["device", "family", "status", "flags", "source"]
 
 
-def import_dataset(cfg) -> pd.DataFrame:
-    """Convert one dataset (or all) into <out>/<dataset>/; print and return the kept/flagged/rejected report.
-
-    Every requested dataset is converted before anything is written, so a bad
-    input leaves the output folder as it was.
-    """
-    dataset = str(cfg.dataset)
+def convert_datasets(dataset: str, src: Path, progress=None) -> list[tuple[str, ImportResult, float]]:
+    """(name, conversion, seconds) of `dataset` (or every dataset for 'all', each in <src>/<name>/).
+    progress: a tqdm-like factory, handed to each importer for a bar over its files; or None."""
     if dataset != "all" and dataset not in IMPORTERS:
         raise KernelsightError(f"dataset={dataset}: unknown{did_you_mean(dataset, [*IMPORTERS, 'all'])}; "
                                f"choose one of {', '.join(IMPORTERS)} or all")
-    src = Path(str(cfg.src))
     if not src.is_dir():
         raise KernelsightError(f"src={src}: no such directory (give the dataset's folder, or for dataset=all "
                                f"a folder holding {', '.join(f'{d}/' for d in IMPORTERS)})")
@@ -40,38 +38,26 @@ def import_dataset(cfg) -> pd.DataFrame:
     for name in names:
         folder = src / name if dataset == "all" or (src / name).is_dir() else src
         start = time.perf_counter()
-        converted.append((name, IMPORTERS[name].convert(folder), time.perf_counter() - start))
-    out = Path(str(cfg.out))
-    reports = []
-    for name, result, seconds in converted:
-        start = time.perf_counter()
-        files = write_public(result, out, IMPORTERS[name].CONVERSION)
-        size = sum(f.stat().st_size for f in files) / 2**20
-        print(format_report(result))
-        print(f"wrote {len(files)} files ({size:.1f} MiB) to {out / name} "
-              f"[convert {seconds:.1f} s, write {time.perf_counter() - start:.1f} s]\n")
-        reports.append(result.report())
-    return pd.concat(reports, ignore_index=True)
+        converted.append((name, IMPORTERS[name].convert(folder, progress), time.perf_counter() - start))
+    return converted
 
 
-def data_summary(cfg) -> pd.DataFrame:
-    """Rows per device and family (ok / flagged / total) in the committed data or in `path`."""
-    if cfg.get("path"):
-        roots = [Path(str(cfg.path))]
-    else:
-        roots = [data_dir() / d for d in ("public", "sweeps") if (data_dir() / d).is_dir()]
-        if not roots:
-            raise KernelsightError(f"{data_dir()}: holds neither public/ nor sweeps/ (run `kernelsight import` "
-                                   f"or a sweep first, or pass path=)")
+def data_roots(path=None) -> list[Path]:
+    """`path`, or the committed data/public/ and data/sweeps/."""
+    if path:
+        return [Path(str(path))]
+    roots = [data_dir() / d for d in ("public", "sweeps") if (data_dir() / d).is_dir()]
+    if not roots:
+        raise KernelsightError(f"{data_dir()}: holds neither public/ nor sweeps/ (run `kernelsight import` "
+                               f"or a sweep first, or pass path=)")
+    return roots
+
+
+def count_rows(roots: list[Path]) -> pd.DataFrame:
+    """summarize() of every sweep file under `roots`."""
     # only the columns the summary needs: whole sweeps take seconds per million rows to read into pandas
     frames = [read_sweep(f, columns=SUMMARY_COLUMNS) for root in roots for f in sweep_files(root)]
-    summary = summarize(pd.concat(frames, ignore_index=True))
-    print(f"rows in {', '.join(map(str, roots))}")
-    print(summary.to_string(index=False))
-    return summary
-
-
-SUMMARY_COLUMNS = ["device", "family", "status", "flags", "source"]
+    return summarize(pd.concat(frames, ignore_index=True))
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:

@@ -25,14 +25,15 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from omegaconf import OmegaConf
 
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.hardware import load_hardware
 from kernelsight.predictor.paths import conf_dir, data_dir, read_yaml
 from kernelsight.sim.engine_profile import EngineProfile
 from kernelsight.sim.model import load_model
-from kernelsight.sim.simulate import build_setup
+from kernelsight.sim.parallel import ParallelConfig
+from kernelsight.sim.run import Setup, build_setup
+from kernelsight.sim.workload import WorkloadConfig
 
 from . import composition as comp
 from . import report as rep
@@ -100,21 +101,22 @@ def load_run(run_dir) -> tuple[dict, list[ServeWorkloadRun]]:
     return env, out
 
 
-def _config(env: dict, w: ServeWorkloadRun, engine: dict, tier: dict):
+def _setup(env: dict, w: ServeWorkloadRun, engine: dict, tier: dict) -> Setup:
+    """The simulator setup replaying one workload: the run's model and GPU, the default layout, its trace."""
     cfg = env.get("config", {})
     workload = read_yaml(conf_dir() / "workload" / "trace.yaml", "workload")
     workload.update({"name": w.name, "trace_file": str(w.trace),
                      "max_concurrency": w.concurrency if w.arrival == "closed_loop" else None})
-    return OmegaConf.create({
-        "model": load_model(cfg.get("model", {}).get("name", "?")).as_dict(),
-        "hardware": load_hardware(env.get("device", "?")).as_dict(),
-        "engine": engine, "parallel": read_yaml(conf_dir() / "parallel" / "default.yaml", "parallel"),
-        "workload": workload, "predictor": tier, "max_model_len": None})
+    parallel = read_yaml(conf_dir() / "parallel" / "default.yaml", "parallel")
+    return build_setup(load_model(cfg.get("model", {}).get("name", "?")), load_hardware(env.get("device", "?")),
+                       EngineProfile.from_mapping(engine, "engine config"),
+                       ParallelConfig.from_mapping(parallel, "parallel config"), WorkloadConfig.from_config(workload),
+                       tier=tier.get("tier", "auto"), bundle=tier.get("bundle"))
 
 
 def simulate_workload(env: dict, w: ServeWorkloadRun, engine: dict, tier: dict):
     """(recorder, summary, setup) of one workload replayed in the simulator."""
-    setup = build_setup(_config(env, w, engine, tier))
+    setup = _setup(env, w, engine, tier)
     recorder = Recorder()
     sim = setup.new_engine(0, recorder=recorder)
     summary = sim.run(setup.workload.requests(None, 0))
@@ -151,9 +153,10 @@ def _label(run_dir: Path) -> str:
     return f"{run_dir.parent.name}/{run_dir.name}"
 
 
-def validate_serve(runs, engine_map: dict, tier: dict, params, metrics) -> tuple[pd.DataFrame, dict]:
+def validate_serve(runs, engine_map: dict, tier: dict, params, metrics, progress=None) -> tuple[pd.DataFrame, dict]:
     """Per-workload table of every run (measured, simulated with the profile's host terms, and held-out:
-    see the module docstring) and the fitted terms."""
+    see the module docstring) and the fitted terms. progress: a tqdm-like factory for a bar over the
+    workloads, or None."""
     engine = EngineProfile.from_mapping(engine_map, "engine config")
     if engine.host.async_scheduling:
         raise KernelsightError("validate serve needs engine.host.async_scheduling=false (exact host-term fits)")
@@ -162,7 +165,8 @@ def validate_serve(runs, engine_map: dict, tier: dict, params, metrics) -> tuple
     if len(set(labels)) < len(labels):
         raise KernelsightError(f"serve.run: a run is given twice ({', '.join(labels)})")
     rows, lins, closed, replays = [], [], [], []  # replays: (run.json, workload) per row
-    for label, env, w in [(label, env, w) for label, env, workloads in loaded for w in workloads]:
+    todo = [(label, env, w) for label, env, workloads in loaded for w in workloads]
+    for label, env, w in progress(todo, desc="validate serve", unit="workload") if progress else todo:
         t0 = time.perf_counter()
         recorder, summary, setup = simulate_workload(env, w, engine_map, tier)
         ttft, tpot, thr = sim_metrics(summary, w)
@@ -205,27 +209,15 @@ def validate_serve(runs, engine_map: dict, tier: dict, params, metrics) -> tuple
     return rep.add_errors(df), fits
 
 
-def validate_serve_command(cfg) -> pd.DataFrame:
-    """`kernelsight validate serve.run=DIR|[DIR,...]|all engine=transformers_cb`: score, report, write the table."""
-    from kernelsight.sim.schema import plain
-
-    start = time.perf_counter()
-    engine_map, serve = plain(cfg.engine), plain(cfg.serve)
-    if engine_map.get("engine") != "transformers":
-        raise KernelsightError(f"serve.run: bench serve runs are transformers' continuous batching; pass "
-                               f"engine=transformers_cb (got engine profile {engine_map.get('name')!r})")
-    target = plain(cfg.tiers).get("target") or {}
-    tier = {"tier": str(target.get("predictor_tier", "auto")), "bundle": target.get("bundle")}
-    params, metrics = list(serve["fit"]["params"]), list(serve["fit"]["metrics"])
-    runs = run_dirs(serve["run"])
-    df, fits = validate_serve(runs, engine_map, tier, params, metrics)
-    table = rep.write_table(df, serve["table"])
+def serve_report(df: pd.DataFrame, fits: dict, runs: list[Path], engine_name: str, tier: dict, params, metrics,
+                 table: Path, seconds: float) -> list[str]:
+    """The Markdown report of validate_serve's table and fits, as lines (the title and intro are the first six)."""
     by_run = len(runs) > 1
     heldout = ("every workload with the terms fitted on the other runs' closed loops (leave-one-run-out)" if by_run
                else "closed loops with terms fitted without them, Poisson workloads (never fitted on) with the "
                     "terms fitted on every closed loop")
     lines = [f"# Validation against bench serve runs: {', '.join(_label(r) for r in runs)}", "",
-             f"Engine profile {engine_map['name']}, predictor tier {tier['tier']} (bundle "
+             f"Engine profile {engine_name}, predictor tier {tier['tier']} (bundle "
              f"{tier['bundle'] or 'shipped'}). Means over every request of a workload (no warm-up excluded: "
              f"bench serve warms the engine before the first workload). Host terms {', '.join(params)} fitted "
              f"on log {' and '.join(m.upper() for m in metrics)} of the closed-loop workloads; 'held-out': "
@@ -254,10 +246,5 @@ def validate_serve_command(cfg) -> pd.DataFrame:
                 f"{part[f'abs_{m}_heldout'].median():.1f}" for m in ("ttft", "tpot", "throughput")) + " |")
         lines += ["", "Fitted host terms (us):", ""]
     lines += [f"- {name}: " + ", ".join(f"{k} {theta[k]:.0f}" for k in params) for name, theta in fits.items()]
-    lines += ["", f"Per-workload table: {table}; {time.perf_counter() - start:.0f} s."]
-    report = Path(serve["report"])
-    report.parent.mkdir(parents=True, exist_ok=True)
-    report.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print("\n".join(lines[6:]))
-    print(f"report: {report}  table: {table}")
-    return df
+    lines += ["", f"Per-workload table: {table}; {seconds:.0f} s."]
+    return lines

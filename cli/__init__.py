@@ -2,19 +2,25 @@
 
 Each command is a function taking the composed config; its primary config is
 conf/<command>.yaml and it can use any config group in conf/ (hardware=,
-model=, ...), command-line overrides and multirun (-m). Commands live in the
-subpackage that owns them and are imported only when called, so `predictor`
-never imports the simulator or torch.
+model=, ...), command-line overrides and multirun (-m). One module of this
+package per command (roofline.py, simulate.py, ...) turns the config into
+typed library calls, prints tables and writes files; it is imported only when
+its command runs, so `kernelsight --help` never imports the simulator or torch.
+
+A bad input is one line and exit code 2; Ctrl-C is one line saying what the
+command kept and how to continue (a command states it with on_interrupt;
+nothing written otherwise) and exit code 130, as a shell reports SIGINT.
 """
 from __future__ import annotations
 
 import importlib
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import KernelsightError, did_you_mean
-from .paths import conf_dir
+from kernelsight.predictor.errors import KernelsightError, did_you_mean
+from kernelsight.predictor.paths import conf_dir
 
 
 @dataclass(frozen=True)
@@ -31,33 +37,33 @@ class Command:
 
 
 COMMANDS = {
-    "roofline": Command("kernelsight.sim.commands:roofline",
+    "roofline": Command("kernelsight.cli.roofline:roofline",
                         "per-kernel roofline table of a model step, one kernel shape, or every row of a sweep file",
                         positional="sweep_file"),
-    "simulate": Command("kernelsight.sim.simulate:simulate",
+    "simulate": Command("kernelsight.cli.simulate:simulate",
                         "replay a serving workload on simulated vLLM engines: TTFT/TPOT/ITL/E2E, throughput, KV cache, "
                         "GPU time per kernel family"),
-    "validate": Command("kernelsight.sim.validate.commands:validate",
+    "validate": Command("kernelsight.cli.validate:validate",
                         "simulate every row of a validation CSV (real serving runs) and score TTFT, TPOT and "
                         "throughput in both η tiers", positional="csv"),
-    "bench": Command("kernelsight.microbench.commands:bench",
+    "bench": Command("kernelsight.cli.bench:bench",
                      "collect a kernel sweep on this machine's GPU (sweep=quick|full|cpu, resume=true, dry_run=true)"),
-    "bench report": Command("kernelsight.microbench.commands:bench_report",
+    "bench report": Command("kernelsight.cli.bench:bench_report",
                             "roofline and eta plots plus the eta summary table of a sweep", positional="sweep_file"),
-    "bench serve": Command("kernelsight.microbench.commands:bench_serve",
+    "bench serve": Command("kernelsight.cli.bench:bench_serve",
                            "end-to-end serving runs of transformers' continuous batching (Poisson and closed-loop "
                            "traffic, shared prefixes) with per-token timestamps"),
-    "calibrate": Command("kernelsight.calibrate.commands:calibrate",
+    "calibrate": Command("kernelsight.cli.calibrate:calibrate",
                          "fit and evaluate per-family η models (target and cross-device tiers), write the report"),
-    "calibrate publish": Command("kernelsight.calibrate.commands:calibrate_publish",
+    "calibrate publish": Command("kernelsight.cli.calibrate:calibrate_publish",
                                  "evaluate every GPU, fit the final η models and write a bundle directory"),
-    "predict": Command("kernelsight.calibrate.commands:predict",
+    "predict": Command("kernelsight.cli.predict:predict",
                        "predicted latency of one kernel shape, or of every row of a sweep file (with errors)",
                        positional="sweep_file"),
-    "import": Command("kernelsight.calibrate.importers.commands:import_dataset",
+    "import": Command("kernelsight.cli.data:import_dataset",
                       "convert public reference data (aiconfigurator, vidur, neusight) into the sweep contract",
                       positional="dataset"),
-    "data": Command("kernelsight.calibrate.importers.commands:data_summary",
+    "data": Command("kernelsight.cli.data:data_summary",
                     "rows of committed data per device and family", positional="path"),
 }
 
@@ -89,20 +95,46 @@ def _load(target: str):
     return getattr(importlib.import_module(module), func)
 
 
-def check_group_overrides(args: list[str]) -> None:
-    """Catch `group=name` overrides that name no config file, with a did-you-mean."""
+def check_group_overrides(args: list[str]) -> list[str]:
+    """Catch `group=name` overrides (each name of a multirun's `group=a,b`) that name no config file, with a
+    did-you-mean; returns the overrides with a GPU alias or device name written as its config
+    (`hardware=h100` -> `hardware=h100_sxm`). Sweep functions (`glob(...)`) and file paths pass as given."""
     root = conf_dir()
+    checked = []
     for arg in args:
+        checked.append(arg)
         if arg.startswith("-") or "=" not in arg:
             continue
-        key, value = arg.lstrip("+~").split("=", 1)
+        prefix = arg[:len(arg) - len(arg.lstrip("+~"))]
+        key, value = arg[len(prefix):].split("=", 1)
         group = root / key
-        if not group.is_dir() or not value or "," in value or "(" in value:
+        if not group.is_dir() or not value or "(" in value or "[" in value:
             continue
         choices = sorted(p.stem for p in group.glob("*.yaml"))
-        if value not in choices:
-            raise KernelsightError(f"{key}={value}: no such config in conf/{key}{did_you_mean(value, choices)}; "
-                                   f"available: {', '.join(choices)}")
+        names = [_config_name(key, name, choices) for name in value.split(",")]
+        checked[-1] = f"{prefix}{key}={','.join(names)}"
+    return checked
+
+
+def _config_name(group: str, name: str, choices: list[str]) -> str:
+    """The config file a group choice names: itself, or for hardware the GPU an alias names."""
+    if name in choices or name.endswith(".yaml"):
+        return name
+    canonical = _gpu_config(name) if group == "hardware" else None
+    if canonical in choices:
+        return canonical
+    raise KernelsightError(f"{group}={name}: no such config in conf/{group}{did_you_mean(name, choices)}; "
+                           f"available: {', '.join(choices)}")
+
+
+def _gpu_config(name: str) -> str | None:
+    """The catalog key of a GPU alias or device name (its conf/hardware file's name), None if unknown."""
+    from kernelsight.predictor.hardware import resolve_device
+
+    try:
+        return resolve_device(name)
+    except KernelsightError:
+        return None
 
 
 def to_overrides(command: Command, args: list[str]) -> list[str]:
@@ -163,6 +195,24 @@ def check_composes(name: str, overrides: list[str]) -> None:
         raise KernelsightError(f"bad setting: {first.strip()}") from None
 
 
+@contextmanager
+def on_interrupt(kept):
+    """Say what an interrupted command keeps: `kept` (text, or a function called at the interrupt) becomes
+    the dispatcher's `kernelsight <command>: interrupted: <kept>` line. The innermost one wins."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        if not hasattr(e, "kept"):
+            e.kept = kept() if callable(kept) else kept
+        raise
+
+
+def exit_interrupted(name: str, exc: KeyboardInterrupt) -> None:
+    """Ctrl-C: one line on what was kept (on_interrupt; by default nothing), exit code 130 as a shell's."""
+    print(f"kernelsight {name}: interrupted: {getattr(exc, 'kept', 'nothing written')}", file=sys.stderr)
+    sys.exit(130)
+
+
 def run_command(name: str, overrides: list[str]) -> None:
     import hydra
 
@@ -175,6 +225,13 @@ def run_command(name: str, overrides: list[str]) -> None:
         except KernelsightError as e:
             print(f"kernelsight {name}: error: {e}", file=sys.stderr)
             sys.exit(2)
+        except OSError as e:  # a file the command reads or writes outside the checked paths: full disk, ...
+            where = f"{e.filename}: " if e.filename else ""
+            why = (e.strerror or str(e) or type(e).__name__).splitlines()[0]
+            print(f"kernelsight {name}: error: {where}{why}", file=sys.stderr)
+            sys.exit(2)
+        except KeyboardInterrupt as e:
+            exit_interrupted(name, e)
 
     task.__name__ = command.config_name(name)
     main = hydra.main(config_path=str(Path(conf_dir()).resolve()), config_name=command.config_name(name),
@@ -188,16 +245,18 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return
+    name = argv[0]
     try:
         name, args = split_command(argv)
-        overrides = to_overrides(COMMANDS[name], args)
-        check_group_overrides(overrides)
+        overrides = check_group_overrides(to_overrides(COMMANDS[name], args))
         if not any(o in ("-h", "--help", "--hydra-help") for o in overrides):
             check_composes(name, overrides)
+        run_command(name, overrides)
     except KernelsightError as e:
         print(f"kernelsight: error: {e}", file=sys.stderr)
         sys.exit(2)
-    run_command(name, overrides)
+    except KeyboardInterrupt as e:  # before the command started (the task catches its own)
+        exit_interrupted(name, e)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,12 @@
-"""`kernelsight roofline`: per-kernel roofline tables for a model step, one kernel shape, or a sweep.
+"""Per-kernel roofline tables: the kernels of a model's decode and prefill steps, one kernel shape, or a sweep.
 
-Config: conf/roofline.yaml (`kernelsight roofline --help`). The tables reuse the cost model and
-roofline of predictor and the step graph of graph.py, so they show exactly the kernels and
-shapes the simulator prices (at eta = 1).
+They reuse the cost model and roofline of predictor and the step graph of
+graph.py, so they show exactly the kernels and shapes the simulator prices (at
+eta = 1). `kernelsight roofline` prints them (cli/roofline.py).
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -21,58 +20,39 @@ from kernelsight.predictor.sweep import read_sweep
 from .batch import StepBatch
 from .engine_profile import EngineProfile
 from .graph import KernelCall, step_kernels
-from .memory import GiB, memory_plan
+from .memory import MemoryPlan, memory_plan
 from .model import ModelConfig
 from .parallel import ParallelConfig
-from .schema import plain
 
 STEP_COLUMNS = ["kernel", "family", "shape", "count", "GFLOP/call", "MB/call", "FLOP/B", "bound",
                 "us/call", "us/step", "share %"]
 
 
-def roofline(cfg) -> None:
-    """Entry point of `kernelsight roofline` (see conf/roofline.yaml for the modes)."""
-    kernel = {k: v for k, v in plain(cfg.kernel).items() if v is not None}
-    if cfg.sweep_file:
-        if kernel:
-            raise KernelsightError("choose one mode: sweep_file= or kernel.family=..., not both")
-        table = sweep_table(cfg.sweep_file)
-        print(f"roofline of {len(table)} sweep rows from {cfg.sweep_file} (each on its own device; "
-              f"eta = measured / roofline)")
-        shown = table.head(int(cfg.limit))
-        print(format_table(shown))
-        if len(table) > len(shown):
-            print(f"... {len(table) - len(shown)} more rows (limit={cfg.limit}; out= writes all)")
-        print()
-        print(format_table(eta_summary(table)))
-    elif kernel:
-        hw = _hardware(cfg, _parallel(cfg))
-        table = kernel_table(dict(kernel), hw)
-        print(f"roofline of one {kernel.get('family')} kernel on {hw.name} ({hw.key})")
-        print(format_table(table))
-    else:
-        model, hw, engine, par = typed_configs(cfg)
-        plan = memory_plan(model, hw, engine, par)  # refuses layouts and models that do not fit
-        steps = [(f"decode step: {cfg.decode.batch} sequences at KV length {cfg.decode.kv_len}",
-                  StepBatch(decode_ctx=(int(cfg.decode.kv_len),) * int(cfg.decode.batch))),
-                 (f"prefill step: {cfg.prefill.tokens} prompt tokens after {cfg.prefill.cached} cached",
-                  StepBatch(prefill_new=(int(cfg.prefill.tokens),), prefill_ctx=(int(cfg.prefill.cached),),
-                            prefill_sampled=1))]
-        print(f"{model.name} on {hw.name} ({hw.key}), tp={par.tp} pp={par.pp} ep={par.ep}, "
-              f"weights {model.weight_dtype}, KV cache {model.kv_dtype}: {plan.weights / GiB:.1f} GiB of weights "
-              f"per GPU, {plan.blocks} KV blocks ({plan.kv_tokens:,} tokens)")
-        tables = []
-        for title, batch in steps:
-            table = step_table(step_kernels(model, batch, par, engine), hw)
-            total_us = table["us/step"].sum()
-            tokens = batch.num_tokens
-            print(f"\n{title}: roofline {total_us / 1e3:.3f} ms per step, {tokens / total_us * 1e6:,.0f} tokens/s "
-                  f"(kernels only: no launch or host overhead, eta = 1)")
-            print(format_table(table))
-            tables.append(table.assign(step=title.split(":")[0]))
-        table = pd.concat(tables, ignore_index=True)
-    if cfg.out:
-        print(f"wrote {write_table(table, cfg.out)}")
+@dataclass
+class StepRoofline:
+    """The kernels of one engine step at eta = 1: what it runs, its table (step_table) and its totals."""
+
+    title: str
+    batch: StepBatch
+    table: pd.DataFrame
+
+    @property
+    def total_us(self) -> float:
+        return float(self.table["us/step"].sum())
+
+
+def model_steps(model: ModelConfig, hw: Hardware, engine: EngineProfile, parallel: ParallelConfig,
+                decode_batch: int, kv_len: int, prefill_tokens: int, cached: int) -> tuple[MemoryPlan, list]:
+    """(memory plan, [decode step, prefill step] as StepRoofline) of a model on a GPU and layout:
+    `decode_batch` sequences decoding at KV length `kv_len`, and one prompt of `prefill_tokens` tokens
+    after `cached` cached ones. Refuses layouts and models that do not fit."""
+    plan = memory_plan(model, hw, engine, parallel)
+    steps = [(f"decode step: {decode_batch} sequences at KV length {kv_len}",
+              StepBatch(decode_ctx=(int(kv_len),) * int(decode_batch))),
+             (f"prefill step: {prefill_tokens} prompt tokens after {cached} cached",
+              StepBatch(prefill_new=(int(prefill_tokens),), prefill_ctx=(int(cached),), prefill_sampled=1))]
+    return plan, [StepRoofline(title, batch, step_table(step_kernels(model, batch, parallel, engine), hw))
+                  for title, batch in steps]
 
 
 # -- tables --------------------------------------------------------------------------------
@@ -192,85 +172,3 @@ def _plain_value(x):
 
 def _mb(nbytes) -> str:
     return f"{float(nbytes) / 1e6:.3g} MB"
-
-
-def format_table(df: pd.DataFrame) -> str:
-    """Aligned columns: text left, numbers right with precision chosen per magnitude."""
-    if df.empty:
-        return "(no rows)"
-    columns = list(df.columns)
-    cells = [[str(c) for c in columns]]
-    numeric = {c: pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c]) for c in columns}
-    for _, row in df.iterrows():
-        cells.append([_cell(row[c], numeric[c]) for c in columns])
-    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
-    lines = []
-    for r in cells:
-        parts = [r[i].rjust(widths[i]) if numeric[columns[i]] else r[i].ljust(widths[i]) for i in range(len(columns))]
-        lines.append("  ".join(parts).rstrip())
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def _cell(value, numeric: bool) -> str:
-    if not numeric:
-        return "" if value is None or (isinstance(value, float) and np.isnan(value)) else str(value)
-    if value is None or pd.isna(value):
-        return "-"
-    x = float(value)
-    if x.is_integer() and abs(x) < 1e9:
-        return f"{int(x):,}"
-    magnitude = abs(x)
-    if magnitude >= 100:
-        return f"{x:,.0f}"
-    if magnitude >= 1:
-        return f"{x:.2f}"
-    return f"{x:.3g}"
-
-
-def write_table(df: pd.DataFrame, path) -> Path:
-    """Write a .csv or .parquet atomically (temp file + rename: never a half-written table)."""
-    path = Path(path)
-    if path.suffix not in (".csv", ".parquet"):
-        raise KernelsightError(f"out={path}: unknown format {path.suffix!r}; use a .csv or .parquet file name")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        if path.suffix == ".csv":
-            df.to_csv(tmp, index=False)
-        else:
-            df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return path
-
-
-# -- config helpers --------------------------------------------------------------------------
-
-def config_source(group: str) -> str:
-    """conf/<group>/<choice>.yaml of the running Hydra job, for error messages."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return f"conf/{group}/{HydraConfig.get().runtime.choices[group]}.yaml"
-    except (ImportError, ValueError, KeyError):
-        return f"{group} config"
-
-
-def _hardware(cfg, parallel: ParallelConfig) -> Hardware:
-    """The configured GPU on the layout's scale-out network."""
-    hw = Hardware.from_mapping(plain(cfg.hardware), config_source("hardware"))
-    return hw.on_network(parallel.net_gbs_per_gpu)
-
-
-def _parallel(cfg) -> ParallelConfig:
-    return ParallelConfig.from_mapping(cfg.parallel, config_source("parallel"))
-
-
-def typed_configs(cfg):
-    """(model, hardware, engine, parallel) of a composed config, each validated with its file named."""
-    parallel = _parallel(cfg)
-    return (ModelConfig.from_mapping(cfg.model, config_source("model")), _hardware(cfg, parallel),
-            EngineProfile.from_mapping(cfg.engine, config_source("engine")), parallel)

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from kernelsight.predictor.errors import KernelsightError
+from kernelsight.predictor.outputs import TABLE_FORMATS, file_path, save_figure, write_table, write_text
 
 METRIC_NAMES = {"ttft": "TTFT", "tpot": "TPOT", "throughput": "throughput"}
 KINDS = {"heldout": "held-out (host terms fitted leave-one-model-out)",
@@ -98,8 +99,9 @@ def readme_block(head: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def rewrite_readme(path: str | Path, block: str) -> bool:
-    """Replace the text between the accuracy markers of `path` by `block`; True if the file changed."""
+def readme_markers(path: str | Path) -> tuple[str, int, int]:
+    """(text, start, end) of a README with the accuracy markers, or one line saying why not (cheap: checked
+    before any row is simulated)."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -108,10 +110,16 @@ def rewrite_readme(path: str | Path, block: str) -> bool:
     start, end = text.find(README_START), text.find(README_END)
     if start < 0 or end < start:
         raise KernelsightError(f"readme={path}: no '{README_START}' ... '{README_END}' markers to rewrite")
+    return text, start, end
+
+
+def rewrite_readme(path: str | Path, block: str) -> bool:
+    """Replace the text between the accuracy markers of `path` by `block`; True if the file changed."""
+    text, start, end = readme_markers(path)
     new = text[:start] + block + text[end + len(README_END):]
     if new == text:
         return False
-    path.write_text(new, encoding="utf-8")
+    write_text(path, new, "readme")
     return True
 
 
@@ -143,27 +151,29 @@ def parity_plot(df: pd.DataFrame, tier: str, kind: str, path: Path) -> Path:
     axes[0].legend(fontsize=8)
     fig.suptitle(f"{TIER_TITLES.get(tier, tier)}: {KINDS[kind]} (dotted: ±25%)", fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, "report", dpi=110)
     plt.close(fig)
     return path
 
 
-def write_table(df: pd.DataFrame, path: str | Path) -> Path:
-    """The per-row table as CSV or JSON (records), by the file suffix."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".csv":
-        df.to_csv(path, index=False, float_format="%.6g")
-    elif path.suffix == ".json":
-        path.write_text(df.to_json(orient="records", indent=1, double_precision=6) + "\n", encoding="utf-8")
-    else:
-        raise KernelsightError(f"table={path}: use a .csv or .json file name")
-    return path
+ROW_TABLE_FORMATS = (*TABLE_FORMATS, ".json")
+
+
+def table_path(path: str | Path, setting: str = "table") -> Path:
+    """The per-row table's path, checked before any row is simulated (.csv, .parquet or .json records)."""
+    return file_path(path, setting, ROW_TABLE_FORMATS)
+
+
+def write_rows_table(df: pd.DataFrame, path: str | Path, setting: str = "table") -> Path:
+    """The per-row table as CSV, Parquet or JSON (records), by the file suffix, written atomically."""
+    path = table_path(path, setting)
+    if path.suffix == ".json":
+        return write_text(path, df.to_json(orient="records", indent=1, double_precision=6) + "\n", setting)
+    return write_table(df, path, setting, float_format="%.6g")  # (the float format applies to CSV)
 
 
 def markdown_report(df: pd.DataFrame, head: pd.DataFrame, context: dict, plots: dict) -> str:
-    """The full Markdown report; context carries the run's settings, fits and timings (see commands.py)."""
+    """The full Markdown report; context carries the run's settings, fits and timings (see context.py)."""
     out = [f"# End-to-end validation: {context['csv']}", "",
            f"{context['rows']} real vLLM serving runs simulated with kernelsight (`kernelsight validate`). "
            f"Errors are 100 x (predicted / measured - 1); medians are of absolute errors unless marked signed.", ""]
@@ -181,6 +191,9 @@ def markdown_report(df: pd.DataFrame, head: pd.DataFrame, context: dict, plots: 
             out += [f"### Held-out errors {title}", "", _md(summary(g, by, "heldout")), ""]
         if tier in plots:
             out += [f"![parity {tier}]({plots[tier]})", ""]
+    if context.get("refused"):
+        out += ["## Refused rows", "", "Rows that cannot be simulated (not scored; the `refused` column of the "
+                "per-row table):", ""] + [f"- {line}" for line in context["refused"]] + [""]
     out += ["## Composition model", ""] + context["composition"] + [""]
     out += ["## Error structure", ""] + context["structure"] + [""]
     out += ["## Largest TTFT and TPOT errors (held-out, first tier)", ""]

@@ -38,17 +38,19 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from omegaconf import OmegaConf
 
-from kernelsight.predictor.errors import KernelsightError
+from kernelsight.predictor.errors import KernelsightError, check_seed, whole_number
 from kernelsight.predictor.hardware import load_hardware
 from kernelsight.sim.batch import StepBatch
-from kernelsight.sim.simulate import build_setup
+from kernelsight.sim.engine_profile import EngineProfile
+from kernelsight.sim.parallel import ParallelConfig
+from kernelsight.sim.run import Setup, build_setup
 from kernelsight.sim.workload import Workload, WorkloadConfig
 
 from .rows import (AICONFIGURATOR_BUDGET_MARGIN, INFERENCEMAX_BUDGET, INFERENCEMAX_FUSED_NORM_MIB,
@@ -79,6 +81,15 @@ class RunSettings:
     seed: int
     engine: dict
     start: str = "burst"
+
+    @classmethod
+    def from_protocol(cls, protocol: dict, seed: int, engine: dict) -> "RunSettings":
+        """From the validation config's protocol section (warmup_rounds, rounds, start), checked."""
+        for key, low in (("warmup_rounds", 0), ("rounds", 1)):
+            whole_number(protocol.get(key), f"protocol.{key}", low)
+        if protocol.get("start") not in START_MODES:
+            raise KernelsightError(f"protocol.start={protocol.get('start')!r}: choose one of {', '.join(START_MODES)}")
+        return cls(protocol["warmup_rounds"], protocol["rounds"], check_seed(seed), engine, protocol["start"])
 
     def num_requests(self, row: ValidationRow) -> int:
         return (self.warmup_rounds + self.rounds) * row.concurrency
@@ -183,17 +194,33 @@ def deployment_engine(engine: dict, row: ValidationRow) -> dict:
     return {**engine, "scheduler": scheduler, "cuda_graph": graphs}
 
 
-def _config(row: ValidationRow, model, tier: Tier, engine: dict):
-    """The composed-config form of one row, for sim.simulate.build_setup."""
-    return OmegaConf.create({
-        "model": model.as_dict(),
-        "hardware": load_hardware(row.device).as_dict(),
-        "engine": engine,
-        "parallel": {"name": f"tp{row.tp}", "tp": row.tp, "pp": row.pp},
-        "workload": _workload(row),
-        "predictor": {"tier": tier.predictor_tier, "bundle": tier.bundle},
-        "max_model_len": None,
-    })
+def row_setup(row: ValidationRow, model, tier: Tier, engine: dict) -> Setup:
+    """The simulator setup of one row: its GPU, TP layout, closed-loop workload and engine profile mapping."""
+    return build_setup(model, load_hardware(row.device), EngineProfile.from_mapping(engine, "engine config"),
+                       ParallelConfig.from_mapping({"name": f"tp{row.tp}", "tp": row.tp, "pp": row.pp},
+                                                   "parallel config"),
+                       WorkloadConfig.from_config(_workload(row)), tier=tier.predictor_tier, bundle=tier.bundle)
+
+
+def refusals(rows: list[ValidationRow], models: list, engine: dict) -> dict[int, str]:
+    """Why each row that cannot be simulated cannot (its line -> the reason): a layout the model's heads or
+    the GPU's memory do not allow, a dtype the GPU has no peak for, ... Checked before any row runs, by
+    building each distinct (GPU, layout, model, deployment)'s setup with roofline pricing (no η bundle)."""
+    checked: dict[tuple, str | None] = {}
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for row, model in zip(rows, models):
+            key = (row.device, row.tp, row.pp, model, row.deployment)
+            if key not in checked:
+                try:
+                    row_setup(row, model, Tier("check", "roofline", None), deployment_engine(engine, row))
+                    checked[key] = None
+                except KernelsightError as e:
+                    checked[key] = str(e)
+            if checked[key] is not None:
+                out[row.line] = checked[key]
+    return out
 
 
 # Per process: (row layout, model, tier, engine) -> Setup, so pricer tables are built once per layout;
@@ -211,7 +238,7 @@ def simulate_row(row: ValidationRow, model, tier: Tier, settings: RunSettings,
         warnings.simplefilter("always")
         setup = _SETUPS.get(key)
         if setup is None:
-            setup = _SETUPS[key] = build_setup(_config(row, model, tier, engine))
+            setup = _SETUPS[key] = row_setup(row, model, tier, engine)
         n = num_requests or settings.num_requests(row)
         recorder = Recorder()
         ramp = round_s(setup.pricer, row) if settings.start == "staggered" else 0.0
@@ -263,24 +290,48 @@ def step_log(rec: "Recorder", summary: dict, kv_blocks: int, wall: float, where:
                    summary=summary, kv_blocks=kv_blocks, wall_s=wall, t_end=t_end, asynchronous=asynchronous)
 
 
-def simulate_rows(jobs: list[tuple], processes: int) -> list[StepLog]:
-    """simulate_row over (row, model, tier, settings) tuples, in `processes` worker processes.
+def simulate_rows(jobs: list[tuple], processes: int, progress=None, desc: str = "validate",
+                  store=None) -> list[StepLog]:
+    """simulate_row over (row, model, tier, settings, num_requests) tuples, in `processes` worker processes.
 
     Jobs are sorted so that one worker gets the rows of one layout in sequence (its pricer tables
-    are built once); results come back in the order of `jobs`.
+    are built once); results come back in the order of `jobs`. progress: a tqdm-like factory for a bar
+    over the rows as they finish, or None. store: a store.RowStore; a row it holds under the job's key is
+    reused, every other row is kept in it the moment it finishes (an interrupted run loses no finished row).
     """
-    order = sorted(range(len(jobs)), key=lambda i: (jobs[i][2].name, jobs[i][0].model_path, jobs[i][0].precision,
-                                                    jobs[i][0].tp, -jobs[i][0].osl * jobs[i][0].concurrency))
-    processes = max(1, min(processes, len(jobs), os.cpu_count() or 1))
+    results = {}
+    for i, job in enumerate(jobs if store is not None else ()):
+        if (log := store.get(job)) is not None:
+            results[i] = log
+    order = sorted((i for i in range(len(jobs)) if i not in results),
+                   key=lambda i: (jobs[i][2].name, jobs[i][0].model_path, jobs[i][0].precision, jobs[i][0].tp,
+                                  -jobs[i][0].osl * jobs[i][0].concurrency))
+    processes = max(1, min(processes, len(order), os.cpu_count() or 1))
+
+    def track(finished):
+        return progress(finished, total=len(order), desc=desc, unit="row") if progress and order else finished
+
+    def collect(finished) -> None:
+        for i, log in track(finished):
+            results[i] = log
+            if store is not None:
+                store.put(jobs[i], log)
+
     if processes == 1:
-        results = {i: simulate_row(*jobs[i]) for i in order}
+        collect(_simulate_job((i, jobs[i])) for i in order)
     else:
         import multiprocessing as mp
 
-        with mp.get_context("fork").Pool(processes) as pool:
-            done = pool.starmap(simulate_row, [jobs[i] for i in order], chunksize=1)
-        results = dict(zip(order, done))
+        # Workers ignore Ctrl-C: the parent stops them and says once what was kept (no traceback per worker).
+        with mp.get_context("fork").Pool(processes, signal.signal, (signal.SIGINT, signal.SIG_IGN)) as pool:
+            collect(pool.imap_unordered(_simulate_job, [(i, jobs[i]) for i in order], chunksize=1))
     return [results[i] for i in range(len(jobs))]
+
+
+def _simulate_job(indexed: tuple) -> tuple[int, StepLog]:
+    """(index, simulate_row(*job)) of an (index, job) pair, for Pool.imap_unordered (one argument, any order)."""
+    i, job = indexed
+    return i, simulate_row(*job)
 
 
 def first_token_group(log: StepLog, measured: np.ndarray) -> float:

@@ -1,0 +1,225 @@
+"""Running the simulator from typed configs: the library entry point behind `kernelsight simulate`.
+
+`simulate(model, hardware, engine, parallel, workload, num_requests=...)`
+returns a SimulationResult (summary dict, metrics, per-family breakdown,
+per-request table). The steps:
+
+1. build_setup sizes the KV cache the way vLLM does (memory.kv_cache_blocks;
+   one block is vLLM's null block), puts the GPU on the layout's scale-out
+   network and prices steps with StepPricer over the predictor (η bundle, or
+   roofline with a warning);
+2. run creates `parallel.dp` replicas, each with its own scheduler and KV
+   pool, behind the router, and streams the workload's requests through them
+   (engine.Engine); with out_dir it writes the Parquet tables and trace while
+   it runs (report.Recorder).
+
+Nothing here reads a config file or prints: callers (the CLI, validation,
+notebooks) pass typed configs and get values back.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from kernelsight.predictor.errors import KernelsightError, check_seed, whole_number
+from kernelsight.predictor.hardware import Hardware
+from kernelsight.predictor.predict import Predictor
+
+from .context import resolve_max_model_len
+from .engine import Engine, Replica, build_replicas
+from .engine_profile import EngineProfile
+from .memory import kv_cache_blocks
+from .metrics import grouped
+from .model import ModelConfig
+from .parallel import ParallelConfig
+from .pricing import StepPricer
+from .report import REQUEST_COLUMNS, BreakdownAccumulator, Recorder, request_row
+from .scheduler import SchedulerConfig
+from .workload import Workload, WorkloadConfig
+
+SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
+
+
+@dataclass
+class Setup:
+    """Everything a run needs, built and validated from typed configs (see build_setup)."""
+
+    model: ModelConfig
+    hw: Hardware
+    engine: EngineProfile
+    parallel: ParallelConfig
+    pricer: StepPricer
+    scheduler: SchedulerConfig
+    num_blocks: int
+    max_model_len: int
+    workload: Workload
+
+    def replicas(self) -> list[Replica]:
+        # Replicas are identical, so they share one pricer (it is a pure function with memo tables).
+        return build_replicas(self.parallel.dp, self.scheduler, self.num_blocks, lambda: self.pricer,
+                              self.parallel.pp)
+
+    def new_engine(self, seed: int, router: str = "least_outstanding", **kwargs) -> Engine:
+        """A fresh Engine over fresh replicas, with this setup's concurrency limit and frontend path."""
+        frontend = self.engine.frontend
+        kwargs.setdefault("max_concurrency", self.workload.max_concurrency)
+        return Engine(self.replicas(), router, max_model_len=self.max_model_len,
+                      frontend_latency_s=frontend.latency_ms * 1e-3, frontend_jitter_s=frontend.jitter_ms * 1e-3,
+                      seed=seed, **kwargs)
+
+    def describe(self) -> str:
+        p = self.parallel
+        layout = f"tp={p.tp} pp={p.pp} ep={p.ep} dp={p.dp}"
+        return (f"{self.model.name} on {self.hw.name} ({layout}), engine {self.engine.name}, "
+                f"workload {self.workload.config.name}, pricing tier {self.pricer.predictor.tier}")
+
+
+def build_setup(model: ModelConfig, hardware: Hardware, engine: EngineProfile, parallel: ParallelConfig,
+                workload: WorkloadConfig, *, tier: str = "auto", bundle=None,
+                max_model_len: int | None = None, allow_long_max_model_len: bool = False) -> Setup:
+    """A validated Setup: the GPU on the layout's network, KV blocks, pricer over the predictor's `tier`
+    and `bundle` (None: the shipped one). max_model_len None is the model's context length (vLLM's rule,
+    context.resolve_max_model_len). Any problem is one KernelsightError line."""
+    hw = hardware.on_network(parallel.net_gbs_per_gpu)
+    blocks = kv_cache_blocks(model, hw, engine, parallel)  # refuses layouts that do not fit
+    if blocks < 2:
+        raise KernelsightError(f"model {model.name} on {hw.key}: only {blocks} KV block fits; "
+                               f"nothing is left beside vLLM's null block")
+    sched = SchedulerConfig.from_engine(engine)
+    pricer = StepPricer(model, hw, engine, parallel, Predictor(hw, tier=tier, bundle=bundle))
+    max_len = resolve_max_model_len(model, max_model_len, allow_long_max_model_len)
+    if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < max_len:
+        raise KernelsightError(f"without chunked prefill a whole prompt must fit one step: "
+                               f"scheduler.max_num_batched_tokens={sched.max_num_batched_tokens} < max_model_len="
+                               f"{max_len} (vLLM refuses this too); raise it or set max_model_len")
+    return Setup(model, hw, engine, parallel, pricer, sched, blocks - 1, max_len, Workload(workload))
+
+
+def check_slo(slo: dict | None) -> dict:
+    """SLO thresholds in ms ({ttft_ms, tpot_ms, e2el_ms}; null entries dropped), checked."""
+    slo = slo or {}
+    for key, value in slo.items():
+        if key not in SLO_KEYS:
+            raise KernelsightError(f"slo.{key}: unknown SLO; known: {', '.join(SLO_KEYS)}")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            raise KernelsightError(f"slo.{key}={value!r}: must be a positive number of milliseconds or null")
+    return {k: float(v) for k, v in slo.items() if v is not None}
+
+
+class _RequestRows:
+    """Engine recorder that keeps the per-request columns of requests.parquet in memory."""
+
+    def __init__(self, inner: Recorder | None = None):
+        self.inner = inner
+        self.rows: list[tuple] = []
+
+    def step(self, *args) -> None:
+        if self.inner is not None:
+            self.inner.step(*args)
+
+    def request(self, req, latencies) -> None:
+        self.rows.append(request_row(req, latencies))
+        if self.inner is not None:
+            self.inner.request(req, latencies)
+
+
+@dataclass
+class SimulationResult:
+    """One finished run: the `vllm bench serve`-style summary, the engine (metrics, breakdown) and its setup.
+
+    summary: the flat dict `kernelsight simulate` prints and writes (summary.json); metrics: its serving
+    metrics grouped by latency (metrics['ttft_ms']['p50']); breakdown: GPU time per kernel family; requests:
+    one row per request. The engine keeps the raw accumulators (engine.metrics, engine.breakdown).
+    """
+
+    summary: dict
+    setup: Setup
+    engine: Engine
+    out_dir: Path | None = None
+    request_rows: list | None = field(default=None, repr=False)  # kept with keep_requests=True
+
+    @property
+    def metrics(self) -> dict:
+        """vllm bench serve's metrics: per latency ('ttft_ms', 'tpot_ms', 'itl_ms', 'e2el_ms') a dict of mean,
+        std, median (= p50), p90, p99 in ms; then counts, duration and throughputs (metrics.grouped)."""
+        return grouped(self.summary)
+
+    @property
+    def breakdown(self) -> pd.DataFrame | None:
+        """GPU seconds per kernel family (rows) by step kind, total_s and share (None: no breakdown kept)."""
+        return self.engine.breakdown.table() if self.engine.breakdown is not None else None
+
+    @property
+    def requests(self) -> pd.DataFrame | None:
+        """One row per finished request (requests.parquet's columns): kept in memory with
+        keep_requests=True, read back from out_dir otherwise; None when neither."""
+        if self.request_rows is not None:
+            return pd.DataFrame(self.request_rows, columns=list(REQUEST_COLUMNS))
+        if self.out_dir is not None:
+            return pd.read_parquet(self.out_dir / "requests.parquet")
+        return None
+
+    def pricing_sources(self) -> list[dict]:
+        """What priced each kernel family (tier, model, extrapolation), from the breakdown's sampled steps."""
+        if self.engine.breakdown is None:
+            return []
+        return self.setup.pricer.pricing_sources(self.engine.breakdown.sample)
+
+
+def run(setup: Setup, num_requests: int | None, seed: int, router: str = "least_outstanding",
+        slo_ms: dict | None = None, out_dir: Path | None = None, trace_steps: int = 2000,
+        trace_kernel_steps: int = 20, breakdown: bool = True, keep_requests: bool = False,
+        progress=None) -> SimulationResult:
+    """Stream `num_requests` of the setup's workload (None: a whole trace) through fresh replicas.
+
+    progress: None, or a tqdm-like factory; progress(total=..., desc=..., unit=...) must return an object
+    with update(n) and close(). It is told of every finished request (completed or failed), once per step
+    that finishes some, so a bar costs nothing measurable. The caller decides whether and where it shows."""
+    recorder = Recorder(out_dir, trace_steps, trace_kernel_steps) if out_dir is not None else None
+    kept = _RequestRows(recorder) if keep_requests else None
+    bar = progress(total=setup.workload.count(num_requests), desc="simulate", unit="req") if progress else None
+    engine = setup.new_engine(seed, router, slo_ms=slo_ms, recorder=kept or recorder,
+                              breakdown=BreakdownAccumulator() if breakdown else None,
+                              progress=bar.update if bar is not None else None)
+    start = time.perf_counter()
+    try:
+        summary = engine.run(setup.workload.requests(num_requests, seed))
+    finally:
+        if bar is not None:
+            bar.close()
+    summary["wall_s"] = time.perf_counter() - start
+    if recorder is not None:
+        recorder.close(len(engine.replicas))
+    return SimulationResult(summary, setup, engine, Path(out_dir) if out_dir is not None else None,
+                            kept.rows if kept is not None else None)
+
+
+def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, parallel: ParallelConfig,
+             workload: WorkloadConfig, *, num_requests: int | None, seed: int = 0,
+             router: str = "least_outstanding", tier: str = "auto", bundle=None, max_model_len: int | None = None,
+             allow_long_max_model_len: bool = False,
+             slo: dict | None = None, out_dir: Path | None = None, trace_steps: int = 2000,
+             trace_kernel_steps: int = 20, breakdown: bool = True, keep_requests: bool = False,
+             progress=None) -> SimulationResult:
+    """Simulate `num_requests` requests of `workload` (None: every row of a trace) on `parallel.dp` replicas
+    of `model` on `hardware` under `engine`; kernels priced in predictor `tier` from `bundle`.
+
+    slo: {ttft_ms, tpot_ms, e2el_ms} thresholds for goodput. out_dir: also write requests.parquet,
+    steps.parquet and trace.json there. keep_requests: keep the per-request table in memory. progress: a
+    tqdm-like factory for a bar over finished requests (see run).
+    """
+    if num_requests is not None:
+        whole_number(num_requests, "num_requests", hint="null: every row of a trace")
+    check_seed(seed)
+    whole_number(trace_steps, "trace_steps", 0, hint="steps in trace.json")
+    whole_number(trace_kernel_steps, "trace_kernel_steps", 0, hint="of which the first show their kernels")
+    setup = build_setup(model, hardware, engine, parallel, workload, tier=tier, bundle=bundle,
+                        max_model_len=max_model_len, allow_long_max_model_len=allow_long_max_model_len)
+    slo_ms = check_slo(slo)
+    if num_requests is None and setup.workload.trace is None:
+        raise KernelsightError("num_requests=null only replays a whole trace; synthetic workloads need a count")
+    return run(setup, num_requests, seed, router, slo_ms, out_dir, trace_steps, trace_kernel_steps, breakdown,
+               keep_requests, progress)

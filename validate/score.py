@@ -1,0 +1,230 @@
+"""Scoring the simulator against real serving runs (a validation CSV), tier by tier.
+
+1. load_validation reads and checks the CSV (rows.py), maps each row to a
+   model config and a TP layout, and checks the protocol and the fit settings;
+   every row's mapping, layout and dtypes are checked before any row runs,
+   and a row that cannot run is refused with its reason (the others run);
+2. per tier (parse_tiers: target, the shipped η bundle with H100 kernel data;
+   cross-device, a bundle fitted without every H100 row, cross_bundle.py),
+   score_tier simulates every row as a closed loop (run.py; rows in parallel
+   processes) and keeps its step log (store.py: on disk as each row finishes,
+   reused by a later run with the same settings);
+3. it scores the host terms of the engine profile (composition.py): the
+   shipped values as simulated (fitted on every row: in-sample) and refitted
+   leave-one-model-out (held-out), exactly, from the step logs;
+4. score combines the tiers with their errors and each row's TPOT floor.
+`kernelsight validate` (cli/validate.py) writes the report, plots and table.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from kernelsight.predictor.errors import KernelsightError, did_you_mean, whole_number
+from kernelsight.predictor.hardware import load_hardware
+from kernelsight.predictor.predict import TIERS as PREDICTOR_TIERS
+from kernelsight.predictor.predict import Predictor
+from kernelsight.sim.batch import StepBatch
+from kernelsight.sim.engine_profile import EngineProfile
+from kernelsight.sim.memory import memory_plan
+from kernelsight.sim.pricing import StepPricer
+
+from . import composition as comp
+from . import report as rep
+from .cross_bundle import resolve_bundle
+from .rows import ModelMapping, model_for, parallel_for, parse_mappings, read_rows, throughput, with_protocol
+from .run import RunSettings, Tier, first_token_group, refusals, simulate_rows
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The rows to validate, their model configs, the engine profile, protocol and what the host fit uses."""
+
+    csv: Path
+    rows: list
+    models: list
+    mappings: list[ModelMapping]
+    engine: EngineProfile
+    settings: RunSettings
+    params: list[str]            # host terms fitted
+    metrics: list[str]           # metrics they are fitted on
+    num_requests: int | None     # requests per row instead of the protocol's rounds
+    refused: tuple = ()          # (row, reason) of each row that cannot be simulated
+
+    @property
+    def measured(self) -> np.ndarray:
+        """(rows, 2): measured TTFT and TPOT in ms."""
+        return np.asarray([[r.ttft_ms, r.tpot_ms] for r in self.rows])
+
+    @property
+    def devices(self) -> list[str]:
+        return sorted({r.device for r in self.rows})
+
+
+def load_validation(csv: Path, lines: list | None, mappings: list, engine: dict, protocol: dict, seed: int,
+                    fit: dict) -> Validation:
+    """The CSV's rows (only data rows `lines` when given) under the protocol, each mapped to a model config
+    and checked (run.refusals) before any is simulated. A row that cannot run is refused with its reason,
+    naming the file and the row; the others run (every row refused: one error)."""
+    if lines is not None and (isinstance(lines, (str, bytes)) or not isinstance(lines, (list, tuple))):
+        raise KernelsightError(f"rows={lines!r}: must be a list of 1-based data rows, e.g. [1,2,3], or null (all)")
+    wanted = {whole_number(x, "rows", hint="1-based data rows") for x in lines or ()}
+    num_requests = protocol.get("num_requests")
+    if num_requests is not None:
+        whole_number(num_requests, "protocol.num_requests", hint="requests per row; null: the protocol's rounds")
+    rows = read_rows(csv)
+    if wanted:
+        missing = sorted(wanted - {r.line for r in rows})
+        if missing:
+            raise KernelsightError(f"rows: {csv} has no data row {missing[0]} (it has {len(rows)})")
+        rows = [r for r in rows if r.line in wanted]
+    parsed = parse_mappings(mappings)
+    profile = EngineProfile.from_mapping(engine, "engine config")
+    settings = RunSettings.from_protocol(protocol, seed, engine)
+    mapped, refused = [], []
+    for row in (with_protocol(r, parsed) for r in rows):
+        try:
+            mapped.append((row, model_for(row, parsed, f"{csv}: row {row.line}")))
+        except KernelsightError as e:
+            refused.append((row, str(e)))
+    problems = refusals([r for r, _ in mapped], [m for _, m in mapped], engine)
+    refused += [(r, f"{csv}: row {r.line}: {problems[r.line]}") for r, _ in mapped if r.line in problems]
+    kept = [(r, m) for r, m in mapped if r.line not in problems]
+    if not kept:
+        raise KernelsightError(f"every row refused; {refused[0][1]}")
+    return Validation(csv, [r for r, _ in kept], [m for _, m in kept], parsed, profile, settings,
+                      list(fit["params"]), list(fit["metrics"]), num_requests,
+                      tuple(sorted(refused, key=lambda x: x[0].line)))
+
+
+def parse_tiers(tiers: dict) -> list[tuple[Tier, list]]:
+    """(Tier, GPUs its bundle is fitted without) per configured tier (a null tier is skipped)."""
+    out = []
+    for name, spec in tiers.items():
+        if spec is None:
+            continue
+        unknown = set(spec) - {"predictor_tier", "bundle", "exclude_devices"}
+        if unknown:
+            raise KernelsightError(f"tiers.{name}: unknown key {sorted(unknown)[0]!r}; known: predictor_tier, "
+                                   f"bundle, exclude_devices")
+        predictor_tier = str(spec.get("predictor_tier", "auto"))
+        if predictor_tier not in PREDICTOR_TIERS:
+            raise KernelsightError(f"tiers.{name}.predictor_tier={predictor_tier!r}: choose one of "
+                                   f"{', '.join(PREDICTOR_TIERS)}{did_you_mean(predictor_tier, PREDICTOR_TIERS)}")
+        bundle = resolve_bundle(spec.get("bundle"))
+        exclude = list(spec.get("exclude_devices") or ())
+        if exclude and bundle is None:
+            raise KernelsightError(f"tiers.{name}: exclude_devices needs a bundle path to build and cache")
+        out.append((Tier(name, predictor_tier, bundle), exclude))
+    if not out:
+        raise KernelsightError("tiers: nothing to validate (every tier is null)")
+    return out
+
+
+@dataclass
+class TierScore:
+    """One tier's per-row table, its host-term fits (all rows, and per left-out model), warnings, timing."""
+
+    frame: pd.DataFrame
+    fits: dict
+    warnings: list[str]
+    timing: str
+
+
+def score_tier(v: Validation, tier: Tier, processes: int, progress=None, store=None) -> TierScore:
+    """Simulate every row in `tier` and score it as simulated and with the host terms held out. progress: a
+    tqdm-like factory for a bar over the rows, or None; store: a store.RowStore that keeps each row's
+    simulation as it finishes and gives back those of an earlier run with the same settings."""
+    t0 = time.perf_counter()
+    logs = simulate_rows([(r, m, tier, v.settings, v.num_requests) for r, m in zip(v.rows, v.models)], processes,
+                         progress, f"validate ({tier.name} tier)", store)
+    wall = time.perf_counter() - t0
+    steps = sum(len(log.gpu_s) for log in logs)
+    loop_s = sum(log.wall_s for log in logs)
+    timing = (f"tier {tier.name}: {len(v.rows)} rows, {steps:,} engine steps simulated in {wall:.0f} s wall "
+              f"({loop_s:.0f} s in the event loops, {steps / max(loop_s, 1e-9):,.0f} steps/s per process, "
+              f"{processes} processes)")
+    warned = sorted({w for log in logs for w in log.warnings})
+    measured, groups = v.measured, [r.model_path for r in v.rows]
+    masks = [comp.measured_requests(log, r.concurrency, v.settings.warmup_rounds) for r, log in zip(v.rows, logs)]
+    lins = [comp.linearize(log, v.engine.host, mask) for log, mask in zip(logs, masks)]
+    simulated = comp.predict(lins, {})
+    heldout, thetas = (comp.leave_one_group_out(lins, measured, groups, v.params, v.metrics)
+                       if len(set(groups)) > 1 else (np.full_like(simulated, np.nan), {}))
+    fits = {"all rows": comp.fit(lins, measured, v.params, v.metrics), **thetas}
+    exposed = [r.line for r, lin in zip(v.rows, lins) if not all(lin.hidden(theta) for theta in ({}, *fits.values()))]
+    if exposed:  # an asynchronous row scored as it ran although a fitted host term outlasts a GPU step
+        warned.append(f"rows {', '.join(map(str, exposed))}: async scheduling, but the fitted host terms outlast "
+                      f"some steps' GPU time; scored as if hidden")
+    frame = _frame(v, tier, logs, masks, simulated, heldout)
+    return TierScore(frame, fits, warned, timing)
+
+
+def _frame(v: Validation, tier: Tier, logs, masks, simulated: np.ndarray, heldout: np.ndarray) -> pd.DataFrame:
+    rows, measured = v.rows, v.measured
+    frame = pd.DataFrame({
+        "tier": tier.name, "line": [r.line for r in rows], "row_id": [r.row_id for r in rows],
+        "model_path": [r.model_path for r in rows], "precision": [r.precision for r in rows],
+        "model": [m.name for m in v.models], "model_label": [f"{r.model_path.split('/')[-1]} {r.precision}"
+                                                             for r in rows],
+        "tp": [r.tp for r in rows], "concurrency": [r.concurrency for r in rows],
+        "band": [r.band for r in rows], "isl": [r.isl for r in rows], "osl": [r.osl for r in rows],
+        "ttft": measured[:, 0], "tpot": measured[:, 1],
+        "throughput": [r.throughput for r in rows],
+        "ttft_simulated": simulated[:, 0], "tpot_simulated": simulated[:, 1],
+        "ttft_heldout": heldout[:, 0], "tpot_heldout": heldout[:, 1],
+        "requests": [len(log.request_id) for log in logs],
+        "measured_requests": [int(mask.sum()) for mask in masks],
+        "first_token_group": [first_token_group(log, mask) for log, mask in zip(logs, masks)],
+        "steps": [len(log.gpu_s) for log in logs], "kv_blocks": [log.kv_blocks for log in logs],
+        "preemptions": [log.summary.get("preemptions", 0) for log in logs],
+        "wall_s": [log.wall_s for log in logs]})
+    for kind in rep.KINDS:
+        frame[f"throughput_{kind}"] = throughput(frame["concurrency"], frame["osl"], frame[f"ttft_{kind}"],
+                                                 frame[f"tpot_{kind}"])
+    return frame
+
+
+def score(v: Validation, tiers: list[tuple[Tier, list]], processes: int, progress=None,
+          store=None) -> tuple[pd.DataFrame, list[TierScore]]:
+    """Every tier's rows in one table, with errors and each row's TPOT floor; and the per-tier scores.
+    progress, store: see score_tier."""
+    scores = [score_tier(v, tier, processes, progress, store) for tier, _ in tiers]
+    df = rep.add_errors(pd.concat([s.frame for s in scores], ignore_index=True))
+    df["tpot_floor"] = np.tile(tpot_floor(v.rows, v.models, v.engine), len(tiers))
+    return df, scores
+
+
+def refused_frame(v: Validation) -> pd.DataFrame:
+    """The refused rows as table rows: what identifies them, the measurement and the reason (`refused`)."""
+    cols = {"line": "line", "row_id": "row_id", "model_path": "model_path", "precision": "precision", "tp": "tp",
+            "concurrency": "concurrency", "isl": "isl", "osl": "osl", "ttft": "ttft_ms", "tpot": "tpot_ms"}
+    return pd.DataFrame([{**{c: getattr(r, a) for c, a in cols.items()}, "refused": why} for r, why in v.refused],
+                        columns=[*cols, "refused"])
+
+
+def tpot_floor(rows, models, engine: EngineProfile) -> list[float]:
+    """η = 1 kernel time (ms) of the closed loop's average step: n clients decoding at the mean KV length
+    isl + osl / 2 (n = concurrency, or as many as the KV cache holds at that length) plus the
+    n x isl / osl prompt tokens prefilled per output token. No overhead, perfect kernels: a measured
+    TPOT below it cannot come from the simulated setup."""
+    pricers, out = {}, []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for row, model in zip(rows, models):
+            key = (row.device, row.tp, row.pp, model)
+            if key not in pricers:
+                hw, par = load_hardware(row.device), parallel_for(row)
+                pricers[key] = (StepPricer(model, hw, engine, par, Predictor(hw, tier="roofline")),
+                                memory_plan(model, hw, engine, par).kv_tokens)
+            pricer, kv_tokens = pricers[key]
+            context = row.isl + row.osl // 2
+            n = max(1, min(row.concurrency, kv_tokens // context))
+            batch = StepBatch(prefill_new=(-(-n * row.isl // row.osl),), prefill_ctx=(0,), decode_ctx=(context,) * n)
+            out.append(sum(k.total_s for k in pricer.kernels(batch)) * 1e3)
+    return out
