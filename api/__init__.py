@@ -58,7 +58,9 @@ def simulate(model="llama3.1-8b", hardware="h100_sxm", workload="poisson", engin
                              **{"workload.request_rate": 20, "slo.ttft_ms": 200, "predictor.tier": "cross"})
     is `kernelsight simulate num_requests=500 router=round_robin workload.request_rate=20 slo.ttft_ms=200
     predictor.tier=cross`. A mapping value merges into a section key by key (slo={"ttft_ms": 200}).
-    output_dir="DIR" also writes the run's requests.parquet, steps.parquet and trace.json there.
+    output_dir="DIR" also writes the run's files there as the command does (requests.parquet, steps.parquet,
+    trace.json, breakdown.csv, summary.json last), filled only if the run completes; a non-empty one is
+    replaced only with overwrite=True.
 
     keep_requests: keep the per-request table for result.requests (memory grows with num_requests).
     progress: None (no bar), or a tqdm-like factory such as tqdm.auto.tqdm for a bar over finished requests.
@@ -71,7 +73,9 @@ def simulate(model="llama3.1-8b", hardware="h100_sxm", workload="poisson", engin
     from pathlib import Path
 
     from kernelsight.predictor.errors import KernelsightError
+    from kernelsight.predictor.outputs import run_directory
     from kernelsight.sim.compose import COMMAND_ONLY, compose, run_config
+    from kernelsight.sim.report import write_run_outputs
 
     for key in overrides:
         if key in COMMAND_ONLY:
@@ -79,5 +83,9 @@ def simulate(model="llama3.1-8b", hardware="h100_sxm", workload="poisson", engin
                                    f"result tables); not used by kernelsight.simulate")
     groups = {"model": model, "hardware": hardware, "workload": workload, "engine": engine, "parallel": parallel}
     cfg, sources = compose(groups, {"num_requests": num_requests, "seed": seed, **overrides})
-    out_dir = Path(cfg["output_dir"]) if cfg.get("output_dir") else None
-    return run_config(cfg, sources, out_dir=out_dir, keep_requests=keep_requests, progress=progress)
+    if not cfg.get("output_dir"):
+        return run_config(cfg, sources, keep_requests=keep_requests, progress=progress)
+    with run_directory(Path(cfg["output_dir"]), "kernelsight.simulate", bool(cfg.get("overwrite"))) as staging:
+        result = run_config(cfg, sources, out_dir=staging, keep_requests=keep_requests, progress=progress)
+        write_run_outputs(result, staging)
+    return result

@@ -22,10 +22,9 @@ import warnings
 from pathlib import Path
 
 from kernelsight.sim.compose import run_config
-from kernelsight.sim.report import format_summary, write_breakdown, write_plots
+from kernelsight.sim.report import format_summary, write_run_outputs
+from kernelsight.predictor.outputs import append_row, results_table, run_directory
 from kernelsight.sim.run import SimulationResult, Setup
-
-from kernelsight.predictor.outputs import RunDirectory, append_row, results_table, write_json
 
 from . import on_interrupt
 from .config import container, flag, group_sources, hydra_job, sweep_dir, task_overrides
@@ -42,22 +41,17 @@ def simulate(cfg) -> dict:
     if out_dir is not None and multirun:
         out_dir = out_dir / str(job)
     plots, overwrite = flag(cfg, "plots"), flag(cfg, "overwrite")
-    run_dir = RunDirectory(out_dir, f"kernelsight simulate {' '.join(task_overrides())}".strip(),
-                           overwrite) if out_dir is not None else None
     table = cfg.results_table or (Path(sweep_dir()) / f"{TABLE_NAME}.csv" if multirun else None)
     if table:
         results_table(table, KEY_COLUMNS)  # refused before the run when it is not ours to append to
-    unchanged = [name for name, given in (("output_dir", run_dir), ("results_table", table)) if given]
+    unchanged = [name for name, given in (("output_dir", out_dir), ("results_table", table)) if given]
     with on_interrupt(f"nothing written ({' and '.join(unchanged)} unchanged)" if unchanged else "nothing written"):
-        staging = run_dir.open() if run_dir is not None else None
-        try:
-            result = _report(cfg, staging, plots)
-        except BaseException:  # a failed or interrupted run leaves output_dir as it was
-            if run_dir is not None:
-                run_dir.discard()
-            raise
-        if run_dir is not None:
-            run_dir.commit()
+        if out_dir is None:
+            result = _report(cfg, None, plots)
+        else:  # a failed or interrupted run leaves output_dir as it was
+            with run_directory(out_dir, f"kernelsight simulate {' '.join(task_overrides())}".strip(),
+                               overwrite) as staging:
+                result = _report(cfg, staging, plots)
             print(f"outputs in {out_dir}/: requests.parquet, steps.parquet, breakdown.csv, trace.json, "
                   f"summary.json{', plots (*.png)' if plots else ''}")
         if table:
@@ -74,13 +68,11 @@ def _report(cfg, out_dir: Path | None, plots: bool) -> SimulationResult:
     for message in _merge_warnings(str(w.message).splitlines()[0] for w in caught):
         print(f"kernelsight simulate: warning: {message}", file=sys.stderr)
     summary = result.summary
-    title = result.setup.describe()
-    sources = result.pricing_sources()
-    print(format_summary(summary, title, result.engine.breakdown, sources))
+    print(format_summary(summary, result.setup.describe(), result.engine.breakdown, result.pricing_sources()))
     print(f"simulated {summary['completed'] + summary['failed']} requests in {summary['wall_s']:.2f} s of wall time "
           f"({(summary['completed'] + summary['failed']) / summary['wall_s']:.0f} requests/s)")
     if out_dir is not None:
-        _write_outputs(result, out_dir, title, sources, plots)
+        write_run_outputs(result, out_dir, plots)
     return result
 
 
@@ -88,16 +80,6 @@ def _run(cfg, out_dir: Path | None) -> SimulationResult:
     """The composed config through the library's one path from mapping to run; a bar over finished requests
     on a terminal when the run takes over 2 s."""
     return run_config(container(cfg), group_sources(), out_dir=out_dir, progress=progress_bars(cfg, delay=2.0))
-
-
-def _write_outputs(result: SimulationResult, out_dir: Path, title: str, sources: list, plots: bool) -> None:
-    """breakdown.csv, the plots and summary.json (last: a folder with it holds a finished run), beside the
-    tables and trace the run wrote."""
-    write_breakdown(result.engine.breakdown, out_dir / "breakdown.csv")
-    if plots:
-        write_plots(out_dir, result.engine.metrics, result.engine.breakdown)
-    write_json(out_dir / "summary.json", {"setup": title, **result.summary, "pricing_sources": sources},
-               "output_dir", default=float)
 
 
 def _merge_warnings(messages) -> list[str]:

@@ -169,6 +169,20 @@ class RunDirectory:
         shutil.rmtree(self.staging, ignore_errors=True)
 
 
+@contextmanager
+def run_directory(path, what: str, overwrite: bool = False, setting: str = "output_dir") -> Iterator[Path]:
+    """Yield a RunDirectory's staging folder: swapped in place of `path` when the block completes, dropped
+    when it raises or is interrupted (`path` then stays as it was)."""
+    run = RunDirectory(path, what, overwrite, setting)
+    staging = run.open()
+    try:
+        yield staging
+    except BaseException:
+        run.discard()
+        raise
+    run.commit()
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -34,7 +34,7 @@ from .workload import WorkloadConfig
 GROUPS = {"model": ModelConfig, "hardware": Hardware, "engine": EngineProfile, "workload": WorkloadConfig,
           "parallel": ParallelConfig}
 # Settings of the command's own printing and files: the CLI handles them, a library run has no use for them.
-COMMAND_ONLY = ("plots", "results_table", "quiet", "overwrite")
+COMMAND_ONLY = ("plots", "results_table", "quiet")
 
 
 def primary(command: str = "simulate") -> tuple[dict, dict]:

@@ -275,6 +275,16 @@ def write_plots(out_dir: Path, metrics, acc: BreakdownAccumulator | None) -> lis
 
 # ----- terminal summary -----
 
+def write_run_outputs(result, out_dir: Path, plots: bool = False) -> None:
+    """breakdown.csv, the plots and summary.json beside the tables and trace the run wrote; summary.json
+    last, so a folder holding it holds a finished run."""
+    write_breakdown(result.engine.breakdown, out_dir / "breakdown.csv")
+    if plots:
+        write_plots(out_dir, result.engine.metrics, result.engine.breakdown)
+    write_json(out_dir / "summary.json", {"setup": result.setup.describe(), **result.summary,
+                                          "pricing_sources": result.pricing_sources()}, "output_dir", default=float)
+
+
 def _fmt(value) -> str:
     if isinstance(value, float):
         return "n/a" if math.isnan(value) else f"{value:.2f}"

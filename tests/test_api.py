@@ -119,6 +119,28 @@ def test_bad_names_and_settings_are_one_line_errors(kwargs, message):
     assert "\n" not in str(e.value)
 
 
+def test_output_dir_holds_the_whole_run_or_is_left_as_it_was(tmp_path, monkeypatch):
+    """The API writes a run directory as the command does: swapped in whole, summary.json last."""
+    out = tmp_path / "run"
+    kernelsight.simulate(num_requests=5, output_dir=str(out))
+    assert sorted(p.name for p in out.iterdir()) == ["breakdown.csv", "requests.parquet", "steps.parquet",
+                                                     "summary.json", "trace.json"]
+    with pytest.raises(kernelsight.KernelsightError, match="not empty; pass overwrite=true"):
+        kernelsight.simulate(num_requests=5, output_dir=str(out))
+    from kernelsight.sim import report
+
+    def crash(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "write_run_outputs", crash)
+    with pytest.raises(KeyboardInterrupt):  # interrupted inside the run: the previous run stays
+        kernelsight.simulate(num_requests=5, output_dir=str(out), overwrite=True)
+    monkeypatch.undo()
+    assert (out / "summary.json").is_file() and [p.name for p in tmp_path.iterdir()] == ["run"]
+    kernelsight.simulate(num_requests=5, output_dir=str(out), overwrite=True, seed=1)
+    assert json.loads((out / "summary.json").read_text())["completed"] == 5
+
+
 class Bar:
     """A tqdm-like factory that records what the library asked for."""
 

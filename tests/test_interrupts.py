@@ -45,24 +45,6 @@ def snapshot(root: Path) -> dict:
     return found
 
 
-def run_in_process(argv: list[str], cwd: Path, monkeypatch, capsys) -> tuple[int, str, str]:
-    from hydra.core.global_hydra import GlobalHydra
-
-    monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "argv", list(sys.argv))
-    GlobalHydra.instance().clear()
-    capsys.readouterr()
-    try:
-        cli.main(argv)
-        code = 0
-    except SystemExit as e:
-        code = e.code
-    finally:
-        GlobalHydra.instance().clear()
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 class Child:
     """`kernelsight <argv>` as a subprocess in `cwd`, its output in files beside (not inside) cwd."""
 
@@ -173,10 +155,10 @@ def check_run_dir(out: Path, previous: dict, num_requests: int) -> str:
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_simulate_interrupted_keeps_the_previous_run_or_completes(sig, seed, tmp_path, monkeypatch, capsys):
+def test_simulate_interrupted_keeps_the_previous_run_or_completes(sig, seed, tmp_path, run_cli):
     work = tmp_path / "work"
     work.mkdir()
-    code, _, err = run_in_process(SIM_SHORT, work, monkeypatch, capsys)
+    code, _, err = run_cli(SIM_SHORT, cwd=work)
     assert code == 0, err
     previous = snapshot(work / "out")
     table_before = pd.read_csv(work / "runs.csv")
@@ -200,7 +182,7 @@ def test_simulate_interrupted_keeps_the_previous_run_or_completes(sig, seed, tmp
     bad = leftovers(work, {"out", "runs.csv", "runs.parquet"})
     assert not bad, f"left behind (not marked INCOMPLETE): {bad}"
 
-    code, _, err = run_in_process(SIM_SHORT, work, monkeypatch, capsys)  # the next run completes and cleans up
+    code, _, err = run_cli(SIM_SHORT, cwd=work)  # the next run completes and cleans up
     assert code == 0, err
     assert check_run_dir(work / "out", {}, 20) == "new"
     assert len(pd.read_csv(work / "runs.csv")) == len(table) + 1
@@ -245,8 +227,7 @@ def clean_validation(tmp_path_factory):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
-def test_validate_interrupted_keeps_rows_and_the_rerun_reuses_them(sig, clean_validation, tmp_path, monkeypatch,
-                                                                    capsys):
+def test_validate_interrupted_keeps_rows_and_the_rerun_reuses_them(sig, clean_validation, tmp_path, run_cli):
     work = tmp_path / "work"
     work.mkdir()
     _validation_csv(work / "rows.csv", 4)
@@ -269,7 +250,7 @@ def test_validate_interrupted_keeps_rows_and_the_rerun_reuses_them(sig, clean_va
         if sig == signal.SIGINT:
             assert f"{len(kept)} of" in err, f"the interrupt line does not say how many rows were kept: {err}"
 
-    code, out, err = run_in_process(VALIDATE, work, monkeypatch, capsys)
+    code, out, err = run_cli(VALIDATE, cwd=work)
     assert code == 0, err
     if not completed:
         assert re.search(r"reused \d+ of \d+ rows", out + err), f"the re-run did not report reusing rows:\n{out}"
@@ -281,7 +262,7 @@ def test_validate_interrupted_keeps_rows_and_the_rerun_reuses_them(sig, clean_va
 # bench: a sweep killed or interrupted mid-run resumes without losing or duplicating a measurement
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
-def test_bench_interrupted_resumes_without_duplicates(sig, tmp_path, monkeypatch, capsys):
+def test_bench_interrupted_resumes_without_duplicates(sig, tmp_path, monkeypatch, run_cli):
     torch = pytest.importorskip("torch", reason="bench needs torch (pip install -e '.[bench]')")
     from hydra import compose, initialize_config_dir
 
@@ -304,7 +285,7 @@ def test_bench_interrupted_resumes_without_duplicates(sig, tmp_path, monkeypatch
     assert started and not check_exit(sig, sent, rc, err), "the sweep ended before it could be interrupted"
     before = {row_key(r) for r in read_sweep(sweep).to_dict("records")}  # every shard on disk is readable
 
-    code, out, err = run_in_process(["bench", *settings, "sweep_id=r", "resume=true"], tmp_path, monkeypatch, capsys)
+    code, out, err = run_cli(["bench", *settings, "sweep_id=r", "resume=true"], cwd=tmp_path)
     assert code == 0, err
     assert f"resuming: {len(before)} measurements already in the sweep are skipped" in out
     keys = [row_key(r) for r in read_sweep(sweep).to_dict("records")]

@@ -191,7 +191,7 @@ def test_a_failed_run_leaves_output_dir_as_it_was(tmp_path, monkeypatch):
     def crash(*args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(command, "write_plots", crash)
+    monkeypatch.setattr(command, "write_run_outputs", crash)
     with pytest.raises(KeyboardInterrupt) as e:
         simulate(composed("num_requests=7", f"output_dir={out}", "overwrite=true"))
     assert e.value.kept == "nothing written (output_dir unchanged)"
