@@ -88,4 +88,5 @@ def simulate(model="llama3.1-8b", hardware="h100_sxm", workload="poisson", engin
     with run_directory(Path(cfg["output_dir"]), "kernelsight.simulate", bool(cfg.get("overwrite"))) as staging:
         result = run_config(cfg, sources, out_dir=staging, keep_requests=keep_requests, progress=progress)
         write_run_outputs(result, staging)
+    result.out_dir = Path(cfg["output_dir"])  # where the finished run now lies (requests read back from it)
     return result

@@ -67,6 +67,11 @@ def _report(cfg, out_dir: Path | None, plots: bool) -> SimulationResult:
         result = _run(cfg, out_dir)
     for message in _merge_warnings(str(w.message).splitlines()[0] for w in caught):
         print(f"kernelsight simulate: warning: {message}", file=sys.stderr)
+    for odd in result.implausible_families():
+        print(f"kernelsight simulate: warning: {odd['family']} takes {odd['share']:.0%} of the kernel time for "
+              f"{odd['roofline_share']:.0%} of the roofline time (effective η {odd['eta']:.1f} against "
+              f"{odd['rest_eta']:.1f} for the rest of the step): its η model may not describe these kernels; "
+              f"do not trust this run's latencies", file=sys.stderr)
     summary = result.summary
     print(format_summary(summary, result.setup.describe(), result.engine.breakdown, result.pricing_sources()))
     print(f"simulated {summary['completed'] + summary['failed']} requests in {summary['wall_s']:.2f} s of wall time "

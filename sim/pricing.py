@@ -287,8 +287,8 @@ class StepPricer:
         return [p["seconds"] for p in self._priced(calls)]
 
     def _priced(self, calls: list[KernelCall]) -> list[dict]:
-        """Per call: 'seconds' per row (times its scale) and each row's 'tier', 'model' and 'extrapolated'
-        flag (the engine's all-reduce models show as tier 'engine')."""
+        """Per call: 'seconds' and roofline 't_roof' per row (times its scale) and each row's 'tier', 'model'
+        and 'extrapolated' flag (the engine's all-reduce models show as tier 'engine')."""
         out: list = [None] * len(calls)
         by_family: dict[str, list[int]] = {}
         for i, call in enumerate(calls):
@@ -307,8 +307,9 @@ class StepPricer:
             start = 0
             for i in idx:
                 rows = slice(start, start + calls[i].num_rows)
-                out[i] = {"seconds": seconds[rows] * calls[i].scale, "tier": tier[rows], "model": model[rows],
-                          "extrapolated": extrapolated[rows]}
+                out[i] = {"seconds": seconds[rows] * calls[i].scale,
+                          "t_roof": np.asarray(priced["t_roof"], dtype=np.float64)[rows] * calls[i].scale,
+                          "tier": tier[rows], "model": model[rows], "extrapolated": extrapolated[rows]}
                 start = rows.stop
         return out
 
@@ -319,19 +320,20 @@ class StepPricer:
         calls = [c for b in batches for c in self._step_calls(b)]
         time: dict[tuple, list[float]] = {}
         for call, p in zip(calls, self._priced(calls)):
-            seconds = call.count * p["seconds"]
+            seconds, roof = call.count * p["seconds"], call.count * p["t_roof"]
             for tier, model in dict.fromkeys(zip(p["tier"].tolist(), p["model"].tolist())):
                 rows = (p["tier"] == tier) & (p["model"] == model)
-                acc = time.setdefault((call.family, tier, model), [0.0, 0.0])
+                acc = time.setdefault((call.family, tier, model), [0.0, 0.0, 0.0])
                 acc[0] += float(seconds[rows].sum())
                 acc[1] += float(seconds[rows & p["extrapolated"]].sum())
+                acc[2] += float(roof[rows].sum())
         family_s: dict[str, float] = {}
-        for (family, _, _), (s, _) in time.items():
+        for (family, _, _), (s, _, _) in time.items():
             family_s[family] = family_s.get(family, 0.0) + s
-        return [{"family": f, "tier": t, "model": m, "kernel_s": s,
+        return [{"family": f, "tier": t, "model": m, "kernel_s": s, "roofline_s": r,
                  "time_share": s / family_s[f] if family_s[f] else 0.0,
                  "outside_training_range": x / s if s else 0.0}
-                for (f, t, m), (s, x) in sorted(time.items(), key=lambda kv: (kv[0][0], -kv[1][0]))]
+                for (f, t, m), (s, x, r) in sorted(time.items(), key=lambda kv: (kv[0][0], -kv[1][0]))]
 
     def _allreduce_flavour(self, cols: dict, nccl_s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """All-reduces over NVLink as vLLM runs them (engine `allreduce` section): its measured all-reduce
@@ -407,3 +409,30 @@ def _bracket(grid: list[int], x: int) -> tuple[int, float]:
 def _lerp(grid: list[int], values: list[float], x: int) -> float:
     i, w = _bracket(grid, x)
     return values[i] + (values[i + 1] - values[i]) * w
+
+
+# A family is implausible when it takes most of the step's priced kernel time at an effective η (kernel time
+# over roofline time) this many times the rest of the step's: no family of a dense step comes close, and an η
+# model pricing kernels unlike those it was fitted on (MoE from a per-expert loop) does exactly that.
+IMPLAUSIBLE_SHARE = 0.5
+IMPLAUSIBLE_ETA_RATIO = 4.0
+
+
+def implausible_families(sources: list[dict]) -> list[dict]:
+    """Families of pricing_sources() whose share of kernel time is out of proportion to their roofline share:
+    [{family, share, roofline_share, eta, rest_eta}], for a warning that the figure is not to be trusted."""
+    kernel, roof = {}, {}
+    for s in sources:
+        kernel[s["family"]] = kernel.get(s["family"], 0.0) + s["kernel_s"]
+        roof[s["family"]] = roof.get(s["family"], 0.0) + s["roofline_s"]
+    total_k, total_r = sum(kernel.values()), sum(roof.values())
+    found = []
+    for family, k in kernel.items():
+        rest_k, rest_r = total_k - k, total_r - roof[family]
+        if not (total_k > 0 and roof[family] > 0 and rest_k > 0 and rest_r > 0):
+            continue
+        eta, rest_eta = k / roof[family], rest_k / rest_r
+        if k / total_k >= IMPLAUSIBLE_SHARE and eta >= IMPLAUSIBLE_ETA_RATIO * rest_eta:
+            found.append({"family": family, "share": k / total_k, "roofline_share": roof[family] / total_r,
+                          "eta": eta, "rest_eta": rest_eta})
+    return found

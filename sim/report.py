@@ -282,7 +282,9 @@ def write_run_outputs(result, out_dir: Path, plots: bool = False) -> None:
     if plots:
         write_plots(out_dir, result.engine.metrics, result.engine.breakdown)
     write_json(out_dir / "summary.json", {"setup": result.setup.describe(), **result.summary,
-                                          "pricing_sources": result.pricing_sources()}, "output_dir", default=float)
+                                          "pricing_sources": result.pricing_sources(),
+                                          "implausible_families": result.implausible_families()},
+               "output_dir", default=float)
 
 
 def _fmt(value) -> str:

@@ -35,7 +35,7 @@ from .memory import kv_cache_blocks
 from .metrics import grouped
 from .model import ModelConfig
 from .parallel import ParallelConfig
-from .pricing import StepPricer
+from .pricing import StepPricer, implausible_families
 from .report import REQUEST_COLUMNS, BreakdownAccumulator, Recorder, request_row
 from .scheduler import SchedulerConfig
 from .workload import Workload, WorkloadConfig
@@ -140,6 +140,7 @@ class SimulationResult:
     engine: Engine
     out_dir: Path | None = None
     request_rows: list | None = field(default=None, repr=False)  # kept with keep_requests=True
+    _sources: list | None = field(default=None, repr=False)
 
     @property
     def metrics(self) -> dict:
@@ -163,10 +164,17 @@ class SimulationResult:
         return None
 
     def pricing_sources(self) -> list[dict]:
-        """What priced each kernel family (tier, model, extrapolation), from the breakdown's sampled steps."""
-        if self.engine.breakdown is None:
-            return []
-        return self.setup.pricer.pricing_sources(self.engine.breakdown.sample)
+        """What priced each kernel family (tier, model, extrapolation), from the breakdown's sampled steps
+        (re-priced kernel by kernel once, then kept)."""
+        if self._sources is None:
+            sample = self.engine.breakdown.sample if self.engine.breakdown is not None else []
+            self._sources = self.setup.pricer.pricing_sources(sample) if sample else []
+        return self._sources
+
+    def implausible_families(self) -> list[dict]:
+        """Families taking most of the kernel time at an η far above the rest of the step's (sim.pricing):
+        a figure not to be trusted."""
+        return implausible_families(self.pricing_sources())
 
 
 def run(setup: Setup, num_requests: int | None, seed: int, router: str = "least_outstanding",

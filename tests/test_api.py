@@ -137,8 +137,9 @@ def test_output_dir_holds_the_whole_run_or_is_left_as_it_was(tmp_path, monkeypat
         kernelsight.simulate(num_requests=5, output_dir=str(out), overwrite=True)
     monkeypatch.undo()
     assert (out / "summary.json").is_file() and [p.name for p in tmp_path.iterdir()] == ["run"]
-    kernelsight.simulate(num_requests=5, output_dir=str(out), overwrite=True, seed=1)
+    result = kernelsight.simulate(num_requests=5, output_dir=str(out), overwrite=True, seed=1, keep_requests=False)
     assert json.loads((out / "summary.json").read_text())["completed"] == 5
+    assert result.out_dir == out and len(result.requests) == 5  # read back from the finished run's folder
 
 
 class Bar:
