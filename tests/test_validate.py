@@ -78,8 +78,9 @@ def test_bad_files_are_one_line(tmp_path):
         read_rows, write_csv(tmp_path, GOOD.rsplit(",", 1)[0], header=HEADER.rsplit(",", 1)[0]))
     assert "no data rows" in one_line_error(read_rows, write_csv(tmp_path))
     assert "no such validation CSV" in one_line_error(read_rows, tmp_path / "absent.csv")
-    dp = write_csv(tmp_path, GOOD + ",2", header=HEADER + ",attention_dp_size")
-    assert "attention_dp_size" in one_line_error(read_rows, dp)
+    # (attention_dp_size=2 is a layout, refused per row: tests/test_validate_layouts.py; 'two' is a bad file)
+    dp = write_csv(tmp_path, GOOD + ",two", header=HEADER + ",attention_dp_size")
+    assert "column 'attention_dp_size' = 'two' is not a number" in one_line_error(read_rows, dp)
 
 
 def test_throughput_formula():

@@ -119,9 +119,9 @@ def structure_lines(df: pd.DataFrame, warned: dict) -> list[str]:
     out = ["Median signed held-out errors (%) per model and prompt length (first tier); first_token_group: "
            "how many requests the simulated closed loop prefills in the same step (median over rows; 1 = "
            "staggered arrivals). TTFT follows it: a group shares one prefill step.", "", rep._md(by_isl), ""]
-    out.append(f"Rows whose measured TPOT is below tpot_floor, the η = 1 kernel time of the closed loop's "
-               f"average step (all clients decoding plus their share of prefill; such a measurement cannot come "
-               f"from the simulated setup): "
+    out.append("Rows whose measured TPOT is below tpot_floor, the η = 1 kernel time of the closed loop's "
+               "average step (all clients decoding plus their share of prefill; such a measurement cannot come "
+               "from the simulated setup): "
                + (", ".join(f"line {r.line} ({r.model_label} tp{r.tp} c{r.concurrency}: {r.tpot:.1f} < "
                             f"{r.tpot_floor:.1f} ms)" for r in below.itertuples()) or "none") + ".")
     out.append("Rows with KV-capacity queueing (measured TTFT > 10 x the model's median): "

@@ -74,6 +74,9 @@ class ValidationRow:
     tpot_ms: float
     range_ratio: float = 1.0  # the benchmark's lengths: uniform in [floor(r * L), L] for L = isl, osl (1: fixed)
     deployment: str = "engine"  # how the engine was configured (DEPLOYMENTS)
+    attention_dp: int = 1  # attention data-parallel ranks (attention_dp_size)
+    moe_tp: int = 1  # each expert's tensor-parallel width (moe_tp_size)
+    moe_ep: int = 1  # expert-parallel ranks (moe_ep_size)
 
     @property
     def throughput(self) -> float:
@@ -113,8 +116,11 @@ def _row(path: Path, line: int, rec: dict) -> ValidationRow:
             raise KernelsightError(f"{where}: column {col!r} is empty")
         return value
 
-    def number(col: str, integer: bool, default=None) -> float:
+    def number(col: str, integer: bool, default=None, unused=None) -> float:
+        """The column's value; empty (or `unused`, a source's way of writing 'not used') gives `default`."""
         raw = str(rec.get(col, "")).strip()
+        if unused is not None and raw and _is_number(raw) and float(raw) == unused:
+            raw = ""
         if not raw and default is not None:
             return default
         try:
@@ -138,15 +144,13 @@ def _row(path: Path, line: int, rec: dict) -> ValidationRow:
         raise KernelsightError(f"{where}: column 'system': {exc}") from None
     values = {c: number(c, True) for c in INTEGER_COLUMNS}
     pp = number("pp_size", True, default=1)
-    dp = number("attention_dp_size", True, default=1)
-    if dp != 1:
-        raise KernelsightError(f"{where}: column 'attention_dp_size' = {dp}: only one attention-DP rank "
-                               f"per replica is simulated here")
     row_id = str(rec.get("id", "")).strip() or f"row{line}"
     return ValidationRow(row_id=row_id, line=line, model_path=text("model_path"), precision=precision,
                          device=device, isl=values["isl"], osl=values["osl"], concurrency=values["concurrency"],
                          tp=values["tp_size"], pp=pp, ttft_ms=number("ttft_ms", False),
-                         tpot_ms=number("tpot_ms", False))
+                         tpot_ms=number("tpot_ms", False), attention_dp=number("attention_dp_size", True, default=1),
+                         moe_tp=number("moe_tp_size", True, default=1, unused=0),
+                         moe_ep=number("moe_ep_size", True, default=1, unused=0))
 
 
 # -- model and layout ----------------------------------------------------------------------
@@ -250,6 +254,27 @@ def model_for(row: ValidationRow, mappings: list[ModelMapping], where: str = "")
                            f"(model_path, precision, model = a conf/model name)")
 
 
-def parallel_for(row: ValidationRow) -> ParallelConfig:
-    """vLLM's layout of the row: tp_size GPUs of one NVLink domain, pp_size stages, one replica."""
-    return ParallelConfig(name=f"tp{row.tp}" + (f"_pp{row.pp}" if row.pp > 1 else ""), tp=row.tp, pp=row.pp)
+def parallel_for(row: ValidationRow, model: ModelConfig) -> ParallelConfig:
+    """vLLM's layout of the row: tp_size GPUs of one NVLink domain, pp_size stages, one replica; a MoE model's
+    experts over the same GPUs, moe_ep_size ranks of moe_tp_size each (a dense model's moe columns mean
+    nothing). A layout the simulator cannot represent (attention data parallelism, experts spread past the
+    TP group) is refused, never simulated as another."""
+    if row.attention_dp != 1:
+        raise KernelsightError(f"attention_dp_size={row.attention_dp}: data-parallel attention is not "
+                               f"simulated yet")
+    ep = 1
+    if model.moe is not None and row.moe_ep > 1:
+        if row.moe_tp * row.moe_ep != row.tp:
+            raise KernelsightError(f"moe_tp_size={row.moe_tp} x moe_ep_size={row.moe_ep}: experts spread past the "
+                                   f"tp_size={row.tp} GPUs of the attention layers are not simulated yet")
+        ep = row.moe_ep
+    name = f"tp{row.tp}" + (f"_ep{ep}" if ep > 1 else "") + (f"_pp{row.pp}" if row.pp > 1 else "")
+    return ParallelConfig(name=name, tp=row.tp, pp=row.pp, ep=ep)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

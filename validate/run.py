@@ -49,12 +49,11 @@ from kernelsight.predictor.errors import KernelsightError, check_seed, whole_num
 from kernelsight.predictor.hardware import load_hardware
 from kernelsight.sim.batch import StepBatch
 from kernelsight.sim.engine_profile import EngineProfile
-from kernelsight.sim.parallel import ParallelConfig
 from kernelsight.sim.run import Setup, build_setup
 from kernelsight.sim.workload import Workload, WorkloadConfig
 
 from .rows import (AICONFIGURATOR_BUDGET_MARGIN, INFERENCEMAX_BUDGET, INFERENCEMAX_FUSED_NORM_MIB,
-                   ValidationRow)
+                   ValidationRow, parallel_for)
 
 # How the clients' first requests go out (see the module docstring).
 START_MODES = ("staggered", "burst")
@@ -197,8 +196,7 @@ def deployment_engine(engine: dict, row: ValidationRow) -> dict:
 def row_setup(row: ValidationRow, model, tier: Tier, engine: dict) -> Setup:
     """The simulator setup of one row: its GPU, TP layout, closed-loop workload and engine profile mapping."""
     return build_setup(model, load_hardware(row.device), EngineProfile.from_mapping(engine, "engine config"),
-                       ParallelConfig.from_mapping({"name": f"tp{row.tp}", "tp": row.tp, "pp": row.pp},
-                                                   "parallel config"),
+                       parallel_for(row, model),
                        WorkloadConfig.from_config(_workload(row)), tier=tier.predictor_tier, bundle=tier.bundle)
 
 
@@ -211,7 +209,7 @@ def refusals(rows: list[ValidationRow], models: list, engine: dict) -> dict[int,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for row, model in zip(rows, models):
-            key = (row.device, row.tp, row.pp, model, row.deployment)
+            key = (row.device, row.tp, row.pp, row.attention_dp, row.moe_tp, row.moe_ep, model, row.deployment)
             if key not in checked:
                 try:
                     row_setup(row, model, Tier("check", "roofline", None), deployment_engine(engine, row))

@@ -217,9 +217,9 @@ def tpot_floor(rows, models, engine: EngineProfile) -> list[float]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for row, model in zip(rows, models):
-            key = (row.device, row.tp, row.pp, model)
+            key = (row.device, row.tp, row.pp, row.moe_ep, model)
             if key not in pricers:
-                hw, par = load_hardware(row.device), parallel_for(row)
+                hw, par = load_hardware(row.device), parallel_for(row, model)
                 pricers[key] = (StepPricer(model, hw, engine, par, Predictor(hw, tier="roofline")),
                                 memory_plan(model, hw, engine, par).kv_tokens)
             pricer, kv_tokens = pricers[key]

@@ -1,0 +1,55 @@
+"""validate reads a row's whole layout (attention_dp_size, moe_tp_size, moe_ep_size): the experts as vLLM
+spreads them, and a layout the simulator cannot represent refused with its reason, never simulated as
+another, while the other rows run."""
+import pandas as pd
+import pytest
+
+from kernelsight.predictor.errors import KernelsightError
+from kernelsight.sim.model import load_model
+from kernelsight.validate.rows import ValidationRow, default_csv, parallel_for, read_rows
+
+DENSE, MOE = load_model("qwen3-32b"), load_model("qwen3-30b-a3b")
+
+
+def row(**kw) -> ValidationRow:
+    base = dict(row_id="t", line=3, model_path="Qwen/Qwen3-32B", precision="bf16", device="h100_sxm", isl=1024,
+                osl=128, concurrency=8, tp=4, pp=1, ttft_ms=100.0, tpot_ms=10.0)
+    return ValidationRow(**{**base, **kw})
+
+
+def test_experts_follow_moe_ep_size_and_a_dense_model_ignores_the_moe_columns():
+    assert (parallel_for(row(moe_tp=1, moe_ep=4), MOE).ep, parallel_for(row(moe_tp=1, moe_ep=4), MOE).tp) == (4, 4)
+    assert parallel_for(row(moe_tp=4, moe_ep=1), MOE).ep == 1
+    assert parallel_for(row(moe_tp=2, moe_ep=2), MOE).moe_tp == 2
+    assert parallel_for(row(moe_tp=1, moe_ep=4), DENSE).ep == 1  # meaningless for a dense model
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"attention_dp": 4}, "attention_dp_size=4: data-parallel attention is not simulated yet"),
+    ({"moe_tp": 1, "moe_ep": 16}, "moe_tp_size=1 x moe_ep_size=16: experts spread past the tp_size=4 GPUs"),
+])
+def test_layouts_the_simulator_cannot_represent_are_refused(kw, message):
+    with pytest.raises(KernelsightError, match=message):
+        parallel_for(row(**kw), MOE)
+
+
+def test_moe_columns_of_zero_mean_not_used(tmp_path):
+    """Some sources write 0 for the expert columns of a dense run: read as not given, not as an error."""
+    csv = tmp_path / "runs.csv"
+    df = pd.read_csv(default_csv(), dtype=str, keep_default_na=False).head(2)
+    df["moe_tp_size"], df["moe_ep_size"], df["attention_dp_size"] = "0", "0.0", ""
+    df.to_csv(csv, index=False)
+    assert [(r.moe_tp, r.moe_ep, r.attention_dp) for r in read_rows(csv)] == [(1, 1, 1)] * 2
+
+
+def test_an_attention_dp_row_is_refused_and_the_others_run(tmp_path, run_cli):
+    csv = tmp_path / "runs.csv"
+    df = pd.read_csv(default_csv(), dtype=str, keep_default_na=False).head(3)
+    df.loc[1, "attention_dp_size"] = "2"
+    df.to_csv(csv, index=False)
+    code, out, err = run_cli(["validate", f"csv={csv}", "protocol.num_requests=12", f"report={tmp_path}/r.md",
+                              f"table={tmp_path}/t.csv", "tiers.cross=null", "plots=false", "jobs=1"], cwd=tmp_path)
+    assert code in (0, None), err
+    assert "row 2: attention_dp_size=2: data-parallel attention is not simulated yet" in err
+    table = pd.read_csv(tmp_path / "t.csv")
+    assert table["refused"].notna().sum() == 1 and len(table) == 3
