@@ -85,7 +85,10 @@ def simulate(model="llama3.1-8b", hardware="h100_sxm", workload="poisson", engin
     cfg, sources = compose(groups, {"num_requests": num_requests, "seed": seed, **overrides})
     if not cfg.get("output_dir"):
         return run_config(cfg, sources, keep_requests=keep_requests, progress=progress)
-    with run_directory(Path(cfg["output_dir"]), "kernelsight.simulate", bool(cfg.get("overwrite"))) as staging:
+    overwrite = cfg.get("overwrite", False)
+    if not isinstance(overwrite, bool):
+        raise KernelsightError(f"overwrite={overwrite!r}: must be True or False")
+    with run_directory(Path(cfg["output_dir"]), "kernelsight.simulate", overwrite) as staging:
         result = run_config(cfg, sources, out_dir=staging, keep_requests=keep_requests, progress=progress)
         write_run_outputs(result, staging)
     result.out_dir = Path(cfg["output_dir"])  # where the finished run now lies (requests read back from it)

@@ -31,15 +31,6 @@ def flag(cfg, key: str) -> bool:
     return value
 
 
-def as_list(value) -> list | None:
-    """A setting that is 'all'/null (None), one name, or a list of names."""
-    if value is None or value == "all":
-        return None
-    if isinstance(value, str):
-        return [value]
-    return list(container(value))
-
-
 def config_source(group: str) -> str:
     """conf/<group>/<choice>.yaml of the running Hydra job, for error messages."""
     try:

@@ -52,6 +52,7 @@ def simulate(cfg) -> dict:
             with run_directory(out_dir, f"kernelsight simulate {' '.join(task_overrides())}".strip(),
                                overwrite) as staging:
                 result = _report(cfg, staging, plots)
+            result.out_dir = out_dir  # where the finished run now lies
             print(f"outputs in {out_dir}/: requests.parquet, steps.parquet, breakdown.csv, trace.json, "
                   f"summary.json{', plots (*.png)' if plots else ''}")
         if table:

@@ -298,7 +298,7 @@ class StepPricer:
             cols = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
             priced = self.predictor.predict(cols, family=family)
             seconds, tier, model = np.asarray(priced["seconds"], dtype=np.float64), priced["tier"], priced["model"]
-            extrapolated = priced["extrapolated"]
+            extrapolated, t_roof = priced["extrapolated"], np.asarray(priced["t_roof"], dtype=np.float64)
             if family == "allreduce":
                 seconds, engine_model = self._allreduce_flavour(cols, seconds)
                 by_engine = engine_model != ""
@@ -308,7 +308,7 @@ class StepPricer:
             for i in idx:
                 rows = slice(start, start + calls[i].num_rows)
                 out[i] = {"seconds": seconds[rows] * calls[i].scale,
-                          "t_roof": np.asarray(priced["t_roof"], dtype=np.float64)[rows] * calls[i].scale,
+                          "t_roof": t_roof[rows] * calls[i].scale,
                           "tier": tier[rows], "model": model[rows], "extrapolated": extrapolated[rows]}
                 start = rows.stop
         return out
