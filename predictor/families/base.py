@@ -205,11 +205,14 @@ def _not_a_number(v: np.ndarray) -> np.ndarray:
 def _field_violation(f: Field, v: np.ndarray):
     v = np.asarray(v)
     if f.kind in ("pos", "nonneg"):
+        lo = 1 if f.kind == "pos" else 0
+        if v.dtype.kind in "iuf":  # the simulator's arrays: numbers already, no per-element check needed
+            x = v.astype(np.float64, copy=False)
+            return ~np.isfinite(x) | (x < lo) | (x != np.floor(x)), f"must be an integer >= {lo}"
         wrong = _not_a_number(v)
         x = np.full(v.shape, np.nan)
         if not wrong.all():
             x[~wrong] = _numeric(v[~wrong], f.name)
-        lo = 1 if f.kind == "pos" else 0
         bad = wrong | ~np.isfinite(x) | (x < lo) | (x != np.floor(x))
         return bad, f"must be an integer >= {lo}"
     if f.kind == "choice":
