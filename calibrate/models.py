@@ -33,30 +33,15 @@ DETERMINISTIC = {"deterministic": True, "force_row_wise": True, "seed": 0, "bagg
 # offsets index (LightGBM parses trees sequentially without it): dropped to keep bundles small.
 TRAINING_ONLY = ("split_gain", "leaf_weight", "leaf_count", "internal_value", "internal_weight",
                  "internal_count", "tree_sizes")
-# Significant digits kept per value list, instead of LightGBM's 17: log η to 1e-10 is far below measurement
-# noise, and a leaf's linear coefficients (features are log sizes and ratios, |x| <= about 150) to 6 digits move
-# log η by under 1e-4 over a whole model; coefficients under 1e-9 (the solver's residue, most of them 1e-13) move
-# it by under 2e-7 and are written as 0. A linear leaf's values are grouped by double spaces, kept as they are.
-# Split thresholds are not rounded: rounding one can move it past training values next to it and change
-# which leaf a kernel lands in. calibrate.bundle.slim_model_text then rounds the values to the published steps.
-ROUNDED = {"leaf_value": 10, "leaf_const": 10, "leaf_coeff": 6}
-NEGLIGIBLE_COEFF = 1e-9
 # A gap model's rows at or below the roofline (η < 1 + MIN_GAP) learn a gap of MIN_GAP roofline times: the
 # log needs a positive gap, and predictions stay at or above the roofline.
 MIN_GAP = 0.02
 T = TypeVar("T")
 
 
-def _round_values(line: str) -> str:
-    key, values = line.split("=", 1)
-    digits = ROUNDED[key]
-    floor = NEGLIGIBLE_COEFF if key == "leaf_coeff" else 0.0
-    return key + "=" + " ".join(v and ("0" if abs(float(v)) < floor else f"{float(v):.{digits}g}")
-                                for v in values.split(" "))
-
-
 def compact_model_text(text: str) -> str:
-    """LightGBM model text without training-only statistics, feature importances and excess digits."""
+    """LightGBM model text without training-only statistics and feature importances; its values are rounded
+    once, to the published steps, by calibrate.bundle.slim_model_text."""
     head, sep, tail = text.partition("\nfeature_importances:\n")
     if sep:
         tail = tail[tail.index("\nparameters:\n"):]
@@ -65,7 +50,7 @@ def compact_model_text(text: str) -> str:
         key = line.split("=", 1)[0]
         if key in TRAINING_ONLY:
             continue
-        kept.append(_round_values(line) if key in ROUNDED else line)
+        kept.append(line)
     return "\n".join(kept) + tail
 
 

@@ -26,7 +26,7 @@ from kernelsight.predictor.outputs import file_path, write_text
 from kernelsight.validate import report as rep
 from kernelsight.validate.context import report_context
 from kernelsight.validate.cross_bundle import cross_bundle_settings, stale_reason
-from kernelsight.validate.rows import default_csv
+from kernelsight.validate.rows import default_csvs
 from kernelsight.validate.run import Tier
 from kernelsight.validate.score import Validation, load_validation, parse_tiers, refused_frame, score
 from kernelsight.validate.serve import run_dirs, serve_report, validate_serve
@@ -90,8 +90,9 @@ def _write_report(cfg, v: Validation, df: pd.DataFrame, rows: pd.DataFrame, tier
 
 def _validation(cfg) -> Validation:
     """The CSV's rows, models, engine profile and protocol of the composed config."""
-    csv = Path(cfg.csv) if cfg.csv else default_csv()
-    return load_validation(csv, container(cfg.rows), container(cfg.models), container(cfg.engine),
+    raw = container(cfg.csv)
+    csvs = default_csvs() if raw is None else [Path(c) for c in (raw if isinstance(raw, list) else [raw])]
+    return load_validation(csvs, container(cfg.rows), container(cfg.models), container(cfg.engine),
                            container(cfg.protocol), cfg.seed, container(cfg.fit))
 
 

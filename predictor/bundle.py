@@ -181,6 +181,8 @@ class EtaModel:
             raise KernelsightError(f"{where}: model learns {self.target!r}, which this kernelsight cannot turn into "
                                    f"η (it reads {ETA_TARGET!r} and {GAP_TARGET!r}); upgrade kernelsight")
         self._t_roof = names.index(T_ROOF_FEATURE) if self.target == GAP_TARGET else None
+        trained = card.get("eta_train")  # [min, median, max] of the training η
+        self._eta_lo, self._eta_hi = (float(trained[0]), float(trained[-1])) if trained else (0.0, np.inf)
 
     @property
     def label(self) -> str:
@@ -202,7 +204,8 @@ class EtaModel:
         return flag | self.unseen_category(x)
 
     def eta(self, x: np.ndarray, floor: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """(η, extrapolated flag) per row of the feature matrix x; numeric inputs clamped to training.
+        """(η, extrapolated flag) per row of the feature matrix x; numeric inputs clamped to training. The flag
+        also marks an η outside the range of the training η (a gap model can leave it on a short kernel).
 
         η is floored at the card's eta_floor (1: never faster than the roofline);
         floor=False is for evaluation only, to show what the floor costs. A gap model's time above the
@@ -215,7 +218,8 @@ class EtaModel:
             clamped[:, self._numeric] = np.clip(x[:, self._numeric], self._lo, self._hi)
         raw = np.exp(self.booster.predict(clamped))
         eta = raw if self._t_roof is None else 1.0 + raw / np.exp2(x[:, self._t_roof])
-        return (np.maximum(eta, self.eta_floor) if floor else eta), flag
+        eta = np.maximum(eta, self.eta_floor) if floor else eta
+        return eta, flag | (eta < self._eta_lo * (1 - 1e-9)) | (eta > self._eta_hi * (1 + 1e-9))
 
 
 # -- the bundle --------------------------------------------------------------------------

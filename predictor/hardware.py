@@ -42,7 +42,7 @@ __all__ = [
 #: Canonical dtype names of `Hardware.peak_tflops` (dense tensor/matrix peaks;
 #: fp32 is the non-tensor CUDA-core / vector rate).
 DTYPES: tuple[str, ...] = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4")
-assert set(DTYPES) == set(_dtypes.BYTES), "hardware peaks and predictor.dtypes must name the same dtypes"
+assert set(DTYPES) == set(_dtypes.COMPUTE_BYTES), "hardware peaks and predictor.dtypes must name the same dtypes"
 
 #: Spellings accepted by `peak_flops` (torch/numpy names included, 'torch.' prefix stripped).
 _DTYPE_ALIASES: dict[str, str] = {
@@ -54,7 +54,8 @@ _DTYPE_ALIASES: dict[str, str] = {
     "float8": "fp8", "float8_e4m3": "fp8", "float8_e4m3fn": "fp8", "float8_e4m3fnuz": "fp8",
     "float8_e5m2": "fp8", "float8_e5m2fnuz": "fp8",
     "int8": "int8", "i8": "int8",
-    "fp4": "fp4", "nvfp4": "fp4", "mxfp4": "fp4", "float4": "fp4", "float4_e2m1fn_x2": "fp4",
+    "fp4": "fp4", "float4": "fp4", "float4_e2m1fn_x2": "fp4",
+    **{name: name for name in _dtypes.FORMATS},
 }
 
 #: Default scale-out bandwidth per GPU, GB/s per direction = one 400 Gb/s NIC
@@ -114,8 +115,10 @@ class Hardware:
 
     # ----------------------------------------------------------------- units
     def peak_flops(self, dtype: Any) -> float:
-        """Dense peak in FLOP/s (OP/s for int8) for `dtype`; raises when not in the catalog."""
-        canonical = canonical_dtype(dtype)
+        """Dense peak in FLOP/s (OP/s for int8) of the math `dtype` runs in on this GPU: a weight format's
+        compute dtype, or its weight-only fallback where the GPU has no peak for it (predictor.dtypes);
+        raises when neither is in the catalog."""
+        canonical = _dtypes.compute_dtype(canonical_dtype(dtype), self.supported_dtypes)
         value = self.peak_tflops.get(canonical)
         if value is None:
             supported = ", ".join(self.supported_dtypes) or "none"

@@ -190,6 +190,13 @@ def read_environment(path) -> dict:
     return json.loads(meta.get(META_ENV, b"{}"))
 
 
+def _absent_shape_columns(path: Path, wanted) -> list:
+    """Shape columns a file predates (a family gained a field later): read as null, which the family's
+    default then fills."""
+    names = set(pq.read_schema(path).names)
+    return [c for c in wanted if c not in names]
+
+
 def _read_meta(path: Path) -> dict:
     try:
         schema = pq.read_schema(path)
@@ -206,7 +213,7 @@ def _read_meta(path: Path) -> dict:
     if version > SCHEMA_VERSION:
         raise KernelsightError(f"{path}: schema_version {version} is newer than this kernelsight reads "
                                f"({SCHEMA_VERSION}); upgrade kernelsight")
-    missing = [c for c in COLUMNS if c not in schema.names]
+    missing = [c for c in COLUMNS if c not in schema.names and c not in SHAPE_COLUMNS]
     if missing:
         raise KernelsightError(f"{path}: missing column(s) {', '.join(missing)}")
     return meta
@@ -229,11 +236,15 @@ def read_sweep(path, validate: bool = True, columns=None, filters=None) -> pd.Da
         try:
             if pq.read_metadata(f).num_rows == 0:
                 raise KernelsightError(f"{f}: no rows (an empty sweep file)")
-            table = pq.read_table(f, columns=wanted, filters=filters)
+            absent = _absent_shape_columns(f, wanted)
+            table = pq.read_table(f, columns=[c for c in wanted if c not in absent], filters=filters)
         except (pa.ArrowInvalid, OSError) as e:
             raise KernelsightError(f"{f}: not a readable Parquet file (truncated or corrupt?): "
                                    f"{str(e).splitlines()[0]}") from None
         frame = table.to_pandas()
+        for c in absent:
+            frame[c] = np.nan if _shape_type(c) == pa.int64() else None
+        frame = frame[wanted] if absent else frame
         if validate and columns is None and (filters is None or len(frame)):
             # rows are numbered within their file (within what the filters kept of it)
             _check_values(frame, str(f) if filters is None else f"{f} (rows matching the filters)")

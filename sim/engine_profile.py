@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from kernelsight.predictor.errors import KernelsightError
+from kernelsight.predictor.families.moe import DISTRIBUTIONS
 
 from .schema import Spec, check, load_config
 
@@ -45,6 +46,7 @@ class KernelSettings:
     rope_in_place: bool
     qkv_fused: bool
     gate_up_fused: bool
+    moe_routing: str = "balanced"
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,7 @@ _FIELDS = {
         "rope_in_place": Spec("bool"),
         "qkv_fused": Spec("bool"),
         "gate_up_fused": Spec("bool"),
+        "moe_routing": Spec("choice", choices=DISTRIBUTIONS, default="balanced"),
     }),
     "attention": Spec("section", fields={
         "layout": Spec("choice", choices=ATTENTION_LAYOUTS),

@@ -6,8 +6,8 @@ Per layer, for the mixed batch of a step (T scheduled tokens, S sampled rows):
   qkv_proj GEMM (T x (heads + 2 kv_heads) * head_dim / tp), Qwen3's per-head q/k norm, RoPE,
   kv_write of the new K/V rows, attention (prefill chunks and decodes, below), o_proj GEMM,
   TP all-reduce, norm, then the MLP: gate_up_proj GEMM, gated activation, down_proj GEMM, TP
-  all-reduce; or for MoE: router GEMM, top-k softmax, grouped expert GEMMs over the (token,
-  expert) pairs routed to this GPU's experts, EP all-to-all dispatch and combine, TP all-reduce.
+  all-reduce; or for MoE: router GEMM, top-k softmax, the fused experts over the (token, expert)
+  pairs routed to this GPU's experts, the attention-DP dispatch and combine, TP all-reduce.
 Once per step: embedding gather (+ all-reduce of the vocab-parallel lookup), final norm, PP
 send/recv between stages, LM head on the S sampled rows only, logits gather across TP, Gemma-2's
 final soft-capping, and the sampler's softmax over the vocabulary in fp32.
@@ -186,25 +186,30 @@ def _mlp_kernels(prefix: str, width: int, model: ModelConfig, engine: EngineProf
 
 
 def _moe_kernels(model: ModelConfig, par: ParallelConfig, engine: EngineProfile, t, s: Shard):
-    """Router and top-k on every token; this GPU's experts get T * top_k / ep (token, expert) pairs
-    under uniform routing, expressed as a moe shape over its experts (top_k capped at their number)."""
+    """Router and top-k on this GPU's tokens, then the fused experts over the tokens of the whole MoE group.
+
+    Without attention data parallelism every GPU of the TP group already holds all T tokens: each runs its
+    experts (1/ep of them, cut moe_tp ways) over them and the TP all-reduce after the MLP combines the
+    results. With attention_dp groups, vLLM's default all-to-all backend (allgather_reducescatter)
+    all-gathers the groups' tokens over the data-parallel group before the experts (dispatch) and
+    reduce-scatters the outputs after them (combine), so the kernel sees T x attention_dp tokens (the
+    groups run in lockstep; equal batches assumed)."""
     moe, h, n_layers = model.moe, model.hidden, model.layers
     ab = model.act_dtype
-    local_top_k = min(moe.top_k, s.experts)
-    local_tokens = np.maximum(1, np.ceil(t * moe.top_k / (par.ep * local_top_k))).astype(np.int64)
-    if np.ndim(local_tokens) == 0:
-        local_tokens = int(local_tokens)
+    group_tokens = t * par.attention_dp
     calls = [_gemm("router", t, moe.experts, h, ab, n_layers),
              KernelCall("topk", "elementwise", {"numel": t * moe.experts, "op": "softmax", "dtype": ab}, n_layers),
-             KernelCall("experts", "moe", {"tokens": local_tokens, "experts": s.experts, "top_k": local_top_k,
-                                           "hidden": h, "intermediate": s.moe_intermediate,
-                                           "dtype": model.weight_dtype}, n_layers)]
-    if par.ep > 1:  # each rank dispatches its 1/ep share of the tokens' top_k copies and gets them back
-        msg = np.ceil(t / par.ep) * moe.top_k * h * _bytes(ab)
+             KernelCall("experts", "moe", {"tokens": group_tokens, "experts": moe.experts, "top_k": moe.top_k,
+                                           "hidden": h, "intermediate": moe.intermediate,
+                                           "dtype": model.weight_dtype, "moe_tp": par.moe_tp, "moe_ep": par.ep,
+                                           "distribution": engine.kernels.moe_routing}, n_layers)]
+    if par.attention_dp > 1:
+        size = par.attention_dp
+        msg = group_tokens * h * _bytes(ab)  # the gathered hidden states, every group's tokens
         msg = msg.astype(np.int64) if np.ndim(msg) else int(msg)
-        for name in ("moe_dispatch", "moe_combine"):
-            calls.append(KernelCall(name, "alltoall", {"msg_bytes": msg, "world_size": par.ep, "link": par.link,
-                                                       "dtype": ab}, n_layers))
+        for name, op in (("moe_dispatch", "allgather"), ("moe_combine", "reducescatter")):
+            calls.append(KernelCall(name, op, {"msg_bytes": msg, "world_size": size, "link": par.moe_link,
+                                               "dtype": ab}, n_layers))
     if moe.shared_intermediate:
         calls += _mlp_kernels("shared_", moe.shared_intermediate // par.tp, model, engine, t, n_layers)
     return calls

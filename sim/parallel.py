@@ -6,10 +6,18 @@ conf/parallel/<name>.yaml (Hydra group `parallel=`). The semantics follow vLLM:
   divide the KV heads or be a multiple of them.
 - pp splits the layers into ceil(layers / pp)-layer stages; the first stage
   also holds the embedding, the last the final norm and LM head.
-- ep splits the routed experts of a MoE layer over ep GPUs of the tp group;
-  the remaining moe_tp = tp / ep factor shards each expert's width.
+- attention_dp runs attention data-parallel: attention_dp groups of tp GPUs
+  each serve their own requests (vLLM's --data-parallel-size on a MoE model);
+  the experts of every layer span all tp * attention_dp GPUs, so each MoE
+  layer gathers the tokens of every group first (vLLM's default all-to-all
+  backend: all-gather to dispatch, reduce-scatter to combine).
+- ep splits the routed experts over ep of those tp * attention_dp GPUs
+  (--enable-expert-parallel); the remaining moe_tp = tp * attention_dp / ep
+  factor shards each expert's width.
 - dp is the number of independent replicas (behind a router); it does not
   change what one GPU holds or runs.
+- node_gpus: GPUs of one NVLink domain; MoE traffic of a group larger than
+  that crosses the scale-out network.
 """
 from __future__ import annotations
 
@@ -40,6 +48,8 @@ class ParallelConfig:
     pp: int = 1
     ep: int = 1
     dp: int = 1
+    attention_dp: int = 1
+    node_gpus: int = 8
     link: str = "nvlink"
     pp_link: str = "nvlink"
     net_gbs_per_gpu: float = NET_GBS_PER_GPU
@@ -47,22 +57,32 @@ class ParallelConfig:
 
     @property
     def gpus_per_replica(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.attention_dp * self.pp
+
+    @property
+    def moe_group(self) -> int:
+        """GPUs one MoE layer spans: every attention group's tp GPUs."""
+        return self.tp * self.attention_dp
 
     @property
     def moe_tp(self) -> int:
-        """Shards of each expert's width: the tp factor left after splitting experts over ep."""
-        return self.tp // self.ep
+        """Shards of each expert's width: the MoE group's factor left after splitting experts over ep."""
+        return self.moe_group // self.ep
+
+    @property
+    def moe_link(self) -> str:
+        """Fabric of the MoE group's dispatch and combine: the network once it outgrows one NVLink domain."""
+        return "net" if self.moe_group > self.node_gpus else self.link
 
     def __post_init__(self):
         """Sizes are integers >= 1 however the layout was built (a bool or 2.0 is not), ep divides tp,
         links are known: one line naming the setting (and the file, when it came from one)."""
         where = f"{self.source}: " if self.source else ""
-        for name in ("tp", "pp", "ep", "dp"):
+        for name in ("tp", "pp", "ep", "dp", "attention_dp", "node_gpus"):
             whole_number(getattr(self, name), f"{where}parallel.{name}")
-        if self.tp % self.ep:
-            raise KernelsightError(f"{where}field 'ep' = {self.ep} must divide tp = {self.tp} "
-                                   f"(experts are split over the GPUs of one tensor-parallel group)")
+        if self.moe_group % self.ep:
+            raise KernelsightError(f"{where}field 'ep' = {self.ep} must divide tp x attention_dp = {self.moe_group} "
+                                   f"(experts are split over the GPUs the attention groups span)")
         for name in ("link", "pp_link"):
             if getattr(self, name) not in LINKS:
                 raise KernelsightError(f"{where}parallel.{name}={getattr(self, name)!r}: must be one of "
@@ -83,6 +103,8 @@ _FIELDS = {
     "pp": Spec("pos", default=1),
     "ep": Spec("pos", default=1),
     "dp": Spec("pos", default=1),
+    "attention_dp": Spec("pos", default=1),
+    "node_gpus": Spec("pos", default=8),
     "link": Spec("choice", default="nvlink", choices=LINKS),
     "pp_link": Spec("choice", default="nvlink", choices=LINKS),
     "net_gbs_per_gpu": Spec("positive", default=NET_GBS_PER_GPU),
@@ -127,12 +149,14 @@ def shard(model: ModelConfig, par: ParallelConfig) -> Shard:
         if model.moe.experts % par.ep:
             fail(f"ep={par.ep} does not divide the {model.moe.experts} experts")
         if model.moe.intermediate % par.moe_tp:
-            fail(f"tp/ep={par.moe_tp} does not divide the expert width {model.moe.intermediate}")
+            fail(f"moe_tp={par.moe_tp} (tp x attention_dp / ep) does not divide the expert width "
+                 f"{model.moe.intermediate}")
         if model.moe.shared_intermediate % tp:
             fail(f"tp={tp} does not divide the shared-expert width {model.moe.shared_intermediate}")
         experts, moe_width = model.moe.experts // par.ep, model.moe.intermediate // par.moe_tp
-    elif par.ep > 1:
-        fail(f"ep={par.ep} needs a mixture-of-experts model")
+    elif par.ep > 1 or par.attention_dp > 1:
+        fail(f"ep={par.ep}, attention_dp={par.attention_dp}: expert and attention-data parallelism need a "
+             f"mixture-of-experts model")
     if par.pp > model.layers:
         fail(f"pp={par.pp} exceeds the {model.layers} layers")
     padded_vocab = math.ceil(model.vocab / VOCAB_PADDING) * VOCAB_PADDING
@@ -151,8 +175,9 @@ def weight_bytes_per_gpu(model: ModelConfig, par: ParallelConfig) -> float:
     counts = model.param_counts()
     n_layers, h = model.layers, model.hidden
     wb, ab = dtype_bytes(model.weight_dtype), dtype_bytes(model.act_dtype)
-    sharded = counts["attn_q"] + counts["attn_o"] + counts["mlp"] + counts["experts"] + counts["shared_experts"]
-    per_layer = (wb * (sharded / par.tp + counts["attn_kv"] * s.kv_heads / model.kv_heads)
+    sharded = counts["attn_q"] + counts["attn_o"] + counts["mlp"] + counts["shared_experts"]
+    per_layer = (wb * (sharded / par.tp + counts["experts"] / par.moe_group
+                       + counts["attn_kv"] * s.kv_heads / model.kv_heads)
                  + ab * (counts["qk_norm"] + counts["router"] + counts["norms"] - h)) / n_layers
     table = ab * s.vocab * h  # one embedding or LM-head shard
     first = table

@@ -8,8 +8,10 @@ per-request table). The steps:
    one block is vLLM's null block), puts the GPU on the layout's scale-out
    network and prices steps with StepPricer over the predictor (η bundle, or
    roofline with a warning);
-2. run creates `parallel.dp` replicas, each with its own scheduler and KV
-   pool, behind the router, and streams the workload's requests through them
+2. run creates `parallel.dp x parallel.attention_dp` replicas (attention
+   data-parallel groups schedule their own requests, like replicas; their
+   MoE layers run together, which the model graph prices), each with its own
+   scheduler and KV pool, behind the router, and streams the workload's requests through them
    (engine.Engine); with out_dir it writes the Parquet tables and trace while
    it runs (report.Recorder).
 
@@ -59,7 +61,7 @@ class Setup:
 
     def replicas(self) -> list[Replica]:
         # Replicas are identical, so they share one pricer (it is a pure function with memo tables).
-        return build_replicas(self.parallel.dp, self.scheduler, self.num_blocks, lambda: self.pricer,
+        return build_replicas(self.parallel.dp * self.parallel.attention_dp, self.scheduler, self.num_blocks, lambda: self.pricer,
                               self.parallel.pp)
 
     def new_engine(self, seed: int, router: str = "least_outstanding", **kwargs) -> Engine:
@@ -72,7 +74,8 @@ class Setup:
 
     def describe(self) -> str:
         p = self.parallel
-        layout = f"tp={p.tp} pp={p.pp} ep={p.ep} dp={p.dp}"
+        layout = f"tp={p.tp} pp={p.pp} ep={p.ep} dp={p.dp}" + (
+            f" attention_dp={p.attention_dp}" if p.attention_dp > 1 else "")
         return (f"{self.model.name} on {self.hw.name} ({layout}), engine {self.engine.name}, "
                 f"workload {self.workload.config.name}, pricing tier {self.pricer.predictor.tier}")
 

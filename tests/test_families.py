@@ -155,7 +155,8 @@ def test_cost_and_roofline_grow_with_size(family):
     base = make_shape(family, **EXAMPLES[family])
     base_roof = roofline_shape(base, H100)["t_roof"]
     sizes = [f.name for f in fam.fields if f.kind == "pos" and f.name not in ("block_size", "world_size",
-                                                                              "heads", "kv_heads", "experts")]
+                                                                              "heads", "kv_heads", "experts",
+                                                                              "moe_tp", "moe_ep")]
     assert sizes
     for name in sizes:
         params = dataclasses.asdict(base)
@@ -247,9 +248,21 @@ def test_vector_families_use_the_fp32_core_peak():
     assert r["t_compute"] == pytest.approx(8 * 4 * wave_factor(1, 132) / 67e12)
 
 
-def test_unsupported_dtype_on_a_device_is_an_error():
-    with pytest.raises(KernelsightError, match="fp8"):
-        roofline_shape(make_shape("gemm", m=1, n=1, k=1, dtype="fp8"), load_hardware("a100_sxm"))
+def test_a_format_without_tensor_cores_runs_weight_only_and_a_missing_fallback_is_an_error():
+    """vLLM runs FP8 and 4-bit weights on GPUs without their tensor cores through weight-only kernels (Marlin):
+    the math is bf16, the weights move at their own size."""
+    a100, h100, b200 = (load_hardware(k) for k in ("a100_sxm", "h100_sxm", "b200_sxm"))
+    big = dict(m=8192, n=8192, k=8192)
+    assert roofline_shape(make_shape("gemm", **big, dtype="fp8"), a100)["t_compute"] == pytest.approx(
+        roofline_shape(make_shape("gemm", **big, dtype="bf16"), a100)["t_compute"])
+    assert roofline_shape(make_shape("gemm", **big, dtype="nvfp4"), h100)["t_compute"] == pytest.approx(
+        roofline_shape(make_shape("gemm", **big, dtype="bf16"), h100)["t_compute"])
+    assert roofline_shape(make_shape("gemm", **big, dtype="nvfp4"), b200)["t_compute"] < roofline_shape(
+        make_shape("gemm", **big, dtype="fp8"), b200)["t_compute"]
+    assert make_shape("gemm", m=1, n=4096, k=4096, dtype="mxfp4").bytes < make_shape(
+        "gemm", m=1, n=4096, k=4096, dtype="fp8").bytes / 1.8
+    with pytest.raises(KernelsightError, match="no bf16 peak"):
+        roofline_shape(make_shape("gemm", m=1, n=1, k=1, dtype="fp8"), load_hardware("v100_sxm"))
 
 
 def test_gemm_with_few_tiles_splits_k_to_fill_the_sms():

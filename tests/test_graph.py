@@ -131,7 +131,7 @@ def test_qwen3_qk_norm_over_every_head():
     assert c["qk_norm"].cols["tokens"] == 1040 * (32 + 8) and c["qk_norm"].cols["hidden"] == 128
 
 
-def test_moe_routing_and_expert_parallel_all_to_all():
+def test_moe_layouts_as_vllm_runs_them():
     tokens = 1040
     model = load_model("qwen3-30b-a3b")
     full = calls_by_name("qwen3-30b-a3b", MIXED)
@@ -139,23 +139,31 @@ def test_moe_routing_and_expert_parallel_all_to_all():
     assert full["router"].cols == {"m": tokens, "n": 128, "k": 2048, "dtype": "bf16"}
     assert full["topk"].cols["numel"] == tokens * 128
     assert full["experts"].cols == {"tokens": tokens, "experts": 128, "top_k": 8, "hidden": 2048,
-                                    "intermediate": 768, "dtype": "bf16"}
-    # TP4: every GPU holds all experts at a quarter of their width; EP4: a quarter of the experts, full width
+                                    "intermediate": 768, "dtype": "bf16", "moe_tp": 1, "moe_ep": 1,
+                                    "distribution": "balanced"}
+    total_flops = 6 * tokens * 8 * 2048 * 768
+    # TP4: every GPU runs all experts at a quarter of their width over all tokens
     tp4 = calls_by_name("qwen3-30b-a3b", MIXED, "tp4")["experts"].cols
-    assert (tp4["experts"], tp4["intermediate"]) == (128, 192)
+    assert (tp4["tokens"], tp4["moe_tp"], tp4["moe_ep"]) == (tokens, 4, 1)
+    assert 4 * make_shape("moe", **tp4).flops == pytest.approx(total_flops, rel=1e-9)
+    # TP4 + EP4: a quarter of the experts at full width over all tokens; the TP all-reduce combines, no all-to-all
     ep = calls_by_name("qwen3-30b-a3b", MIXED, "tp4_ep4")
     local = ep["experts"].cols
-    assert (local["experts"], local["intermediate"], local["top_k"]) == (32, 768, 8)
-    assert local["tokens"] * local["top_k"] == pytest.approx(tokens * 8 / 4, abs=8)  # this GPU's (token, expert) pairs
-    total_flops = 6 * tokens * 8 * 2048 * 768
-    assert 4 * make_shape("moe", **local).flops == pytest.approx(total_flops, rel=0.01)
-    assert 4 * make_shape("moe", **tp4).flops == pytest.approx(total_flops, rel=1e-9)
-    for name in ("moe_dispatch", "moe_combine"):
-        assert ep[name].family == "alltoall" and ep[name].count == model.layers
-        assert ep[name].cols["msg_bytes"] == tokens // 4 * 8 * 2048 * 2 and ep[name].cols["world_size"] == 4
-    # Mixtral over 4 expert-parallel GPUs: 2 experts each, both of a token's picks can land on one GPU
-    mix = calls_by_name("mixtral-8x7b", MIXED, "tp4_ep4")["experts"].cols
-    assert (mix["experts"], mix["top_k"], mix["intermediate"]) == (2, 2, 14336)
+    assert (local["tokens"], local["moe_tp"], local["moe_ep"]) == (tokens, 1, 4)
+    assert 4 * make_shape("moe", **local).flops == pytest.approx(total_flops, rel=1e-9)
+    assert "moe_dispatch" not in ep and ep["mlp_allreduce"].count == model.layers
+    # attention DP 2 x TP 2, experts over all 4 GPUs: the MoE sees both groups' tokens, gathered and scattered
+    par = ParallelConfig(name="dp2tp2ep4", tp=2, attention_dp=2, ep=4)
+    adp = {c.name: c for c in step_kernels(model, MIXED, par, ENGINE)}
+    assert adp["experts"].cols["tokens"] == 2 * tokens and adp["experts"].cols["moe_ep"] == 4
+    assert (adp["moe_dispatch"].family, adp["moe_combine"].family) == ("allgather", "reducescatter")
+    assert adp["moe_dispatch"].cols["msg_bytes"] == 2 * tokens * 2048 * 2
+    assert adp["moe_dispatch"].cols["world_size"] == 2 and adp["moe_dispatch"].cols["link"] == "nvlink"
+    # a MoE group past one 8-GPU node crosses the network
+    wide = ParallelConfig(name="dp4tp4ep16", tp=4, attention_dp=4, ep=16)
+    assert {c.name: c for c in step_kernels(model, MIXED, wide, ENGINE)}["moe_dispatch"].cols["link"] == "net"
+    with pytest.raises(KernelsightError, match="must divide tp x attention_dp"):
+        ParallelConfig(name="bad", tp=2, attention_dp=2, ep=8)
 
 
 def test_engine_fusion_switches():

@@ -154,7 +154,7 @@ def test_tensor_parallel_shards_and_kv_head_replication():
         shard(load_model("llama3.1-8b"), ParallelConfig("tp3", tp=3))
     with pytest.raises(KernelsightError, match="ep=16 does not divide the 8 experts"):
         shard(load_model("mixtral-8x7b"), ParallelConfig("x", tp=16, ep=16))
-    with pytest.raises(KernelsightError, match="'ep' = 4 must divide tp = 2"):
+    with pytest.raises(KernelsightError, match="'ep' = 4 must divide tp x attention_dp = 2"):
         ParallelConfig.from_mapping({"name": "x", "tp": 2, "ep": 4}, "conf/parallel/x.yaml")
     with pytest.raises(KernelsightError, match="unknown field 'tensor_parallel'"):
         ParallelConfig.from_mapping({"name": "x", "tensor_parallel": 2}, "conf/parallel/x.yaml")
@@ -342,7 +342,7 @@ def test_max_model_len_follows_vllms_rule():
     ({"pp": -2}, "parallel.pp=-2: must be an integer >= 1"),
     ({"ep": "2"}, "parallel.ep='2': must be an integer >= 1"),
     ({"dp": 2.0}, "parallel.dp=2.0: must be an integer >= 1"),
-    ({"tp": 2, "ep": 4}, "field 'ep' = 4 must divide tp = 2"),
+    ({"tp": 2, "ep": 4}, "field 'ep' = 4 must divide tp x attention_dp = 2"),
     ({"link": "nvlnk"}, "parallel.link='nvlnk': must be one of nvlink, pcie, net (did you mean 'nvlink'?)"),
     ({"net_gbs_per_gpu": 0}, "parallel.net_gbs_per_gpu=0: must be a number > 0"),
 ])

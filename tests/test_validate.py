@@ -295,9 +295,9 @@ def test_leave_one_model_out_never_trains_on_the_held_out_model():
 # -- report and README ----------------------------------------------------------------------------
 
 def test_readme_block_rewrite_is_idempotent_and_keeps_the_rest(tmp_path):
-    head = pd.DataFrame([{"tier": "target", "kind": "heldout", "rows": 3, "ttft": 11.0, "tpot": 5.0,
-                          "throughput": 2.5},
-                         {"tier": "cross", "kind": "heldout", "rows": 3, "ttft": 14.0, "tpot": 9.0,
+    head = pd.DataFrame([{"set": "vllm_dev", "tier": "target", "kind": "heldout", "rows": 3, "ttft": 11.0,
+                          "tpot": 5.0, "throughput": 2.5},
+                         {"set": "vllm_dev", "tier": "cross", "kind": "heldout", "rows": 3, "ttft": 14.0, "tpot": 9.0,
                           "throughput": 4.0}])
     readme = tmp_path / "README.md"
     readme.write_text(f"# kernelsight\n\nintro\n\n{rep.README_START}\nold\n{rep.README_END}\n\n## more\ntext\n")
@@ -307,7 +307,8 @@ def test_readme_block_rewrite_is_idempotent_and_keeps_the_rest(tmp_path):
     assert not rep.rewrite_readme(readme, rep.readme_block(head))
     assert readme.read_text() == once
     assert once.startswith("# kernelsight\n\nintro\n\n") and once.endswith("\n\n## more\ntext\n")
-    assert "| 5.0 | 11.0 | 2.5 | 6.2 / 14.3 / 2.7 |" in once and "old" not in once
+    assert "| vllm_dev | target (η with H100 kernel data) | 3 | 5.0 | 11.0 | 2.5 | 6.2 / 14.3 / 2.7 |" in once
+    assert "old" not in once
     (tmp_path / "plain.md").write_text("no markers\n")
     assert "markers" in one_line_error(rep.rewrite_readme, tmp_path / "plain.md", block)
 
@@ -327,7 +328,7 @@ def test_validate_command_end_to_end_on_two_rows(capsys, tmp_path):
         assert np.isfinite(df[col]).all()
     assert df["err_ttft_simulated"].iloc[0] == pytest.approx(100 * (df["ttft_simulated"].iloc[0] / 154.2481599 - 1))
     text = report.read_text()
-    assert "## Headline" in text and "Held-out errors per model and TP" in text
+    assert "## Headline" in text and "Held-out errors per model and layout" in text
     assert (tmp_path / "validation_parity_target.png").stat().st_size > 10_000
     assert "target (η with H100 kernel data)" in readme.read_text()
     assert "report:" in out
@@ -348,7 +349,7 @@ def test_validate_command_bad_csv_row_is_one_line(capsys, tmp_path):
                                                ("jobs=many", "jobs='many': must be an integer >= 1 (worker processes)")])
 def test_validate_bad_protocol_is_one_line(capsys, override, message):
     with pytest.raises(SystemExit) as e:
-        cli.main(["validate", "rows=[1]", "tiers.cross=null", override])
+        cli.main(["validate", "rows=[vllm_dev:1]", "tiers.cross=null", override])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and message in err

@@ -27,7 +27,7 @@ def validate(tmp_path, *args):
 def test_a_second_run_reuses_the_kept_rows_and_another_setting_does_not(tmp_path, capsys):
     validate(tmp_path, str(default_csv()), "rows=[1,2]")
     first = pd.read_csv(tmp_path / "rows.csv")
-    assert sorted(p.name for p in (tmp_path / "rows.parts").iterdir()) == ["target-row1.npz", "target-row2.npz"]
+    assert sorted(p.name for p in (tmp_path / "rows.parts").iterdir()) == ["target-vllm_dev-row1.npz", "target-vllm_dev-row2.npz"]
     assert "reused" not in capsys.readouterr().out
     validate(tmp_path, str(default_csv()), "rows=[1,2]")
     assert f"reused 2 of 2 rows simulated earlier with the same settings ({tmp_path / 'rows.parts'}/)" in \
@@ -81,7 +81,7 @@ def test_bad_output_paths_fail_before_any_row_runs(tmp_path, capsys):
                           ([report, f"table={tmp_path / 'rows.txt'}"], "unknown format '.txt'"),
                           ([report, table, f"readme={tmp_path / 'file'}"], "no '<!-- accuracy:start -->'")):
         with pytest.raises(SystemExit) as e:
-            cli.main(["validate", "rows=[1]", *QUICK, *args])
+            cli.main(["validate", "rows=[vllm_dev:1]", *QUICK, *args])
         err = capsys.readouterr().err
         assert e.value.code == 2 and message in err and err.count("\n") == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

@@ -24,13 +24,21 @@ def test_experts_follow_moe_ep_size_and_a_dense_model_ignores_the_moe_columns():
     assert parallel_for(row(moe_tp=1, moe_ep=4), DENSE).ep == 1  # meaningless for a dense model
 
 
-@pytest.mark.parametrize("kw, message", [
-    ({"attention_dp": 4}, "attention_dp_size=4: data-parallel attention is not simulated yet"),
-    ({"moe_tp": 1, "moe_ep": 16}, "moe_tp_size=1 x moe_ep_size=16: experts spread past the tp_size=4 GPUs"),
+def test_attention_data_parallel_groups_with_experts_over_every_gpu():
+    """The source's two-node MiniMax layout: four attention groups of TP 4, experts over all 16 GPUs."""
+    par = parallel_for(row(attention_dp=4, moe_tp=1, moe_ep=16), MOE)
+    assert (par.tp, par.attention_dp, par.ep, par.moe_tp, par.gpus_per_replica) == (4, 4, 16, 1, 16)
+    assert par.moe_link == "net" and par.name == "tp4_adp4_ep16"
+
+
+@pytest.mark.parametrize("kw, model, message", [
+    ({"attention_dp": 4}, DENSE, "attention_dp_size=4: data-parallel attention needs a mixture-of-experts model"),
+    ({"moe_tp": 1, "moe_ep": 16}, MOE, "moe_tp_size=1 x moe_ep_size=16: the experts must span the tp_size x "
+                                       "attention_dp_size = 4 GPUs"),
 ])
-def test_layouts_the_simulator_cannot_represent_are_refused(kw, message):
+def test_layouts_the_simulator_cannot_represent_are_refused(kw, model, message):
     with pytest.raises(KernelsightError, match=message):
-        parallel_for(row(**kw), MOE)
+        parallel_for(row(**kw), model)
 
 
 def test_moe_columns_of_zero_mean_not_used(tmp_path):
@@ -50,6 +58,6 @@ def test_an_attention_dp_row_is_refused_and_the_others_run(tmp_path, run_cli):
     code, out, err = run_cli(["validate", f"csv={csv}", "protocol.num_requests=12", f"report={tmp_path}/r.md",
                               f"table={tmp_path}/t.csv", "tiers.cross=null", "plots=false", "jobs=1"], cwd=tmp_path)
     assert code in (0, None), err
-    assert "row 2: attention_dp_size=2: data-parallel attention is not simulated yet" in err
+    assert "row 2: attention_dp_size=2: data-parallel attention needs a mixture-of-experts model" in err
     table = pd.read_csv(tmp_path / "t.csv")
     assert table["refused"].notna().sum() == 1 and len(table) == 3

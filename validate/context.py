@@ -140,7 +140,7 @@ def report_context(v: Validation, df: pd.DataFrame, tiers, scores: list[TierScor
     fits = {tier.name: s.fits for (tier, _), s in zip(tiers, scores)}
     ar = fit_custom_allreduce(custom_allreduce_rows(), exclude=sorted({d for _, ex in tiers for d in ex}))
     return {
-        "csv": portable(v.csv), "rows": len(v.rows),
+        "csv": ", ".join(portable(c) for c in v.csvs), "rows": len(v.rows),
         "protocol": protocol_lines(v.settings, v.engine, tiers, v.mappings, v.num_requests, v.devices),
         "composition": composition_lines(fits, v.params, v.metrics, v.engine, ar)
         + measured_allreduce_lines(v.engine, tiers, v.devices),

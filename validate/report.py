@@ -60,11 +60,12 @@ def summary(df: pd.DataFrame, by: list[str], kind: str) -> pd.DataFrame:
 
 
 def headline(df: pd.DataFrame) -> pd.DataFrame:
-    """Median absolute % error per tier and prediction kind (the README table)."""
+    """Median absolute % error per validation set, tier and prediction kind (the README table)."""
     rows = []
-    for (tier, kind) in [(t, k) for t in df["tier"].unique() for k in KINDS]:
-        g = df[df["tier"] == tier]
-        rows.append({"tier": tier, "kind": kind, "rows": len(g),
+    sets = df["set"].unique() if "set" in df else [""]
+    for (s, tier, kind) in [(s, t, k) for s in sets for t in df["tier"].unique() for k in KINDS]:
+        g = df[(df["tier"] == tier) & ((df["set"] == s) if "set" in df else True)]
+        rows.append({"set": s, "tier": tier, "kind": kind, "rows": len(g),
                      **{m: g[f"abs_{m}_{kind}"].median() for m in METRIC_NAMES}})
     return pd.DataFrame(rows)
 
@@ -85,16 +86,17 @@ def _md(df: pd.DataFrame, digits: int = 1) -> str:
 def readme_block(head: pd.DataFrame) -> str:
     """The accuracy section between the README markers: held-out medians next to the paper and targets."""
     lines = [README_START,
-             "Median absolute error (%) on data/validation/vllm_dev.csv (real vLLM runs on H100 SXM; host "
-             "terms of the engine profile scored leave-one-model-out). Regenerate with "
+             "Median absolute error (%) per validation set: data/validation/vllm_dev.csv (dense models, real vLLM "
+             "runs on H100 SXM) and vllm_moe_dev.csv (mixture-of-experts models on H100 and H200 SXM); host terms "
+             "of the engine profile scored leave-one-model-out. Regenerate with "
              "`kernelsight validate readme=README.md`; details in reports/validation.md.", "",
-             "| tier | TPOT | TTFT | throughput | seed paper (TPOT / TTFT / thr.) | target (TPOT / TTFT / thr.) |",
-             "|---|---|---|---|---|---|"]
+             "| set | tier | rows | TPOT | TTFT | throughput | seed paper (TPOT / TTFT / thr.) | target "
+             "(TPOT / TTFT / thr.) |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in head[head["kind"] == "heldout"].itertuples(index=False):
         paper, target = SEED_PAPER.get(r.tier, {}), TARGETS.get(r.tier, {})
-
-        lines.append(f"| {TIER_TITLES.get(r.tier, r.tier)} | {r.tpot:.1f} | {r.ttft:.1f} | {r.throughput:.1f} | "
-                     f"{trio(paper)} | <= {trio(target)} |")
+        lines.append(f"| {r.set} | {TIER_TITLES.get(r.tier, r.tier)} | {r.rows} | {r.tpot:.1f} | {r.ttft:.1f} | "
+                     f"{r.throughput:.1f} | {trio(paper)} | <= {trio(target)} |")
     lines.append(README_END)
     return "\n".join(lines)
 
@@ -186,7 +188,8 @@ def markdown_report(df: pd.DataFrame, head: pd.DataFrame, context: dict, plots: 
     for tier in df["tier"].unique():
         g = df[df["tier"] == tier]
         out += [f"## Tier: {TIER_TITLES.get(tier, tier)}", ""]
-        for by, title in ((["model_label"], "per model"), (["model_label", "tp"], "per model and TP"),
+        for by, title in ((["model_label"], "per model"), (["model_label", "layout"], "per model and layout"),
+                          (["device", "model_label", "layout"], "per GPU, model and layout"),
                           (["band"], "per concurrency band")):
             out += [f"### Held-out errors {title}", "", _md(summary(g, by, "heldout")), ""]
         if tier in plots:
@@ -198,7 +201,7 @@ def markdown_report(df: pd.DataFrame, head: pd.DataFrame, context: dict, plots: 
     out += ["## Error structure", ""] + context["structure"] + [""]
     out += ["## Largest TTFT and TPOT errors (held-out, first tier)", ""]
     first = df[df["tier"] == df["tier"].iloc[0]]
-    cols = ["line", "model_label", "tp", "concurrency", "isl", "osl", "ttft", "ttft_heldout", "err_ttft_heldout",
+    cols = ["set", "line", "model_label", "layout", "concurrency", "isl", "osl", "ttft", "ttft_heldout", "err_ttft_heldout",
             "tpot", "tpot_heldout", "err_tpot_heldout", "tpot_floor"]
     for metric in ("ttft", "tpot"):
         worst = first.reindex(first[f"abs_{metric}_heldout"].sort_values(ascending=False).index).head(8)

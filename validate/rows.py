@@ -43,6 +43,11 @@ def default_csv() -> Path:
     return data_dir() / "validation" / "vllm_dev.csv"
 
 
+def default_csvs() -> list[Path]:
+    """The validation sets `kernelsight validate` scores by default: the dense and the mixture-of-experts runs."""
+    return [default_csv(), data_dir() / "validation" / "vllm_moe_dev.csv"]
+
+
 def throughput(concurrency, osl, ttft_ms, tpot_ms):
     """Output tokens/s of a closed loop at fixed lengths: concurrency * osl / (ttft + (osl - 1) * tpot).
 
@@ -77,6 +82,16 @@ class ValidationRow:
     attention_dp: int = 1  # attention data-parallel ranks (attention_dp_size)
     moe_tp: int = 1  # each expert's tensor-parallel width (moe_tp_size)
     moe_ep: int = 1  # expert-parallel ranks (moe_ep_size)
+    set: str = ""  # the validation set (CSV file stem) the row comes from
+
+    @property
+    def key(self) -> str:
+        """Unique over the sets of one validation: set and line."""
+        return f"{self.set}-row{self.line}" if self.set else f"row{self.line}"
+
+    @property
+    def where(self) -> str:
+        return f"{self.set}.csv row {self.line}" if self.set else f"row {self.line}"
 
     @property
     def throughput(self) -> float:
@@ -104,7 +119,7 @@ def read_rows(path: str | Path) -> list[ValidationRow]:
                                f"required: {', '.join(REQUIRED)}")
     if df.empty:
         raise KernelsightError(f"{path}: no data rows")
-    return [_row(path, i + 1, rec) for i, rec in enumerate(df.to_dict("records"))]
+    return [replace(_row(path, i + 1, rec), set=path.stem) for i, rec in enumerate(df.to_dict("records"))]
 
 
 def _row(path: Path, line: int, rec: dict) -> ValidationRow:
@@ -255,21 +270,25 @@ def model_for(row: ValidationRow, mappings: list[ModelMapping], where: str = "")
 
 
 def parallel_for(row: ValidationRow, model: ModelConfig) -> ParallelConfig:
-    """vLLM's layout of the row: tp_size GPUs of one NVLink domain, pp_size stages, one replica; a MoE model's
-    experts over the same GPUs, moe_ep_size ranks of moe_tp_size each (a dense model's moe columns mean
-    nothing). A layout the simulator cannot represent (attention data parallelism, experts spread past the
-    TP group) is refused, never simulated as another."""
-    if row.attention_dp != 1:
-        raise KernelsightError(f"attention_dp_size={row.attention_dp}: data-parallel attention is not "
-                               f"simulated yet")
+    """vLLM's layout of the row (the CSV convention of data/validation/README.md): tp_size x attention_dp_size
+    GPUs for attention, pp_size stages, one replica; a MoE model's experts over the same GPUs, moe_ep_size
+    ranks of moe_tp_size each (a dense model's moe columns mean nothing). Experts that do not cover exactly
+    the attention GPUs, or attention data parallelism on a dense model, are refused, never simulated as
+    another layout."""
     ep = 1
-    if model.moe is not None and row.moe_ep > 1:
-        if row.moe_tp * row.moe_ep != row.tp:
-            raise KernelsightError(f"moe_tp_size={row.moe_tp} x moe_ep_size={row.moe_ep}: experts spread past the "
-                                   f"tp_size={row.tp} GPUs of the attention layers are not simulated yet")
+    if model.moe is None:
+        if row.attention_dp != 1:
+            raise KernelsightError(f"attention_dp_size={row.attention_dp}: data-parallel attention needs a "
+                                   f"mixture-of-experts model (a dense model's data parallelism is replicas)")
+    else:
+        group = row.tp * row.attention_dp
+        if row.moe_tp * row.moe_ep not in (1, group):
+            raise KernelsightError(f"moe_tp_size={row.moe_tp} x moe_ep_size={row.moe_ep}: the experts must span "
+                                   f"the tp_size x attention_dp_size = {group} GPUs of the attention layers")
         ep = row.moe_ep
-    name = f"tp{row.tp}" + (f"_ep{ep}" if ep > 1 else "") + (f"_pp{row.pp}" if row.pp > 1 else "")
-    return ParallelConfig(name=name, tp=row.tp, pp=row.pp, ep=ep)
+    name = (f"tp{row.tp}" + (f"_adp{row.attention_dp}" if row.attention_dp > 1 else "")
+            + (f"_ep{ep}" if ep > 1 else "") + (f"_pp{row.pp}" if row.pp > 1 else ""))
+    return ParallelConfig(name=name, tp=row.tp, pp=row.pp, ep=ep, attention_dp=row.attention_dp)
 
 
 def _is_number(text: str) -> bool:

@@ -201,7 +201,7 @@ def row_setup(row: ValidationRow, model, tier: Tier, engine: dict) -> Setup:
 
 
 def refusals(rows: list[ValidationRow], models: list, engine: dict) -> dict[int, str]:
-    """Why each row that cannot be simulated cannot (its line -> the reason): a layout the model's heads or
+    """Why each row that cannot be simulated cannot (its key -> the reason): a layout the model's heads or
     the GPU's memory do not allow, a dtype the GPU has no peak for, ... Checked before any row runs, by
     building each distinct (GPU, layout, model, deployment)'s setup with roofline pricing (no η bundle)."""
     checked: dict[tuple, str | None] = {}
@@ -217,7 +217,7 @@ def refusals(rows: list[ValidationRow], models: list, engine: dict) -> dict[int,
                 except KernelsightError as e:
                     checked[key] = str(e)
             if checked[key] is not None:
-                out[row.line] = checked[key]
+                out[row.key] = checked[key]
     return out
 
 
@@ -246,9 +246,9 @@ def simulate_row(row: ValidationRow, model, tier: Tier, settings: RunSettings,
         summary = engine.run(workload.requests(n, settings.seed))
         wall = time.perf_counter() - start
     if summary["failed"]:
-        raise KernelsightError(f"row {row.line} ({row.row_id}): {summary['failed']} requests of isl {row.isl} + "
+        raise KernelsightError(f"{row.where} ({row.row_id}): {summary['failed']} requests of isl {row.isl} + "
                                f"osl {row.osl} do not fit the simulated KV cache ({setup.num_blocks} blocks)")
-    log = step_log(recorder, summary, setup.num_blocks, wall, f"row {row.line} ({row.row_id})",
+    log = step_log(recorder, summary, setup.num_blocks, wall, f"{row.where} ({row.row_id})",
                    asynchronous=setup.engine.host.async_scheduling)
     log.warnings = tuple(dict.fromkeys(str(w.message).splitlines()[0] for w in caught))
     return log

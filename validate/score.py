@@ -45,7 +45,7 @@ from .run import RunSettings, Tier, first_token_group, refusals, simulate_rows
 class Validation:
     """The rows to validate, their model configs, the engine profile, protocol and what the host fit uses."""
 
-    csv: Path
+    csvs: list
     rows: list
     models: list
     mappings: list[ModelMapping]
@@ -66,40 +66,64 @@ class Validation:
         return sorted({r.device for r in self.rows})
 
 
-def load_validation(csv: Path, lines: list | None, mappings: list, engine: dict, protocol: dict, seed: int,
+def load_validation(csvs, lines: list | None, mappings: list, engine: dict, protocol: dict, seed: int,
                     fit: dict) -> Validation:
-    """The CSV's rows (only data rows `lines` when given) under the protocol, each mapped to a model config
-    and checked (run.refusals) before any is simulated. A row that cannot run is refused with its reason,
-    naming the file and the row; the others run (every row refused: one error)."""
+    """The rows of one CSV or a list of them (only data rows `lines` of a single CSV when given) under the
+    protocol, each mapped to a model config and checked (run.refusals) before any is simulated. A row that
+    cannot run is refused with its reason, naming the file and the row; the others run (every row refused:
+    one error)."""
+    csvs = [Path(c) for c in (csvs if isinstance(csvs, (list, tuple)) else [csvs])]
+    if len({c.stem for c in csvs}) != len(csvs):
+        raise KernelsightError(f"csv: two validation sets share a file name ({', '.join(map(str, csvs))}); "
+                               f"rows are told apart by it")
     if lines is not None and (isinstance(lines, (str, bytes)) or not isinstance(lines, (list, tuple))):
-        raise KernelsightError(f"rows={lines!r}: must be a list of 1-based data rows, e.g. [1,2,3], or null (all)")
-    wanted = {whole_number(x, "rows", hint="1-based data rows") for x in lines or ()}
+        raise KernelsightError(f"rows={lines!r}: must be a list of 1-based data rows, e.g. [1,2,3] (or "
+                               f"'<set>:<row>' strings with several CSVs), or null (all)")
     num_requests = protocol.get("num_requests")
     if num_requests is not None:
         whole_number(num_requests, "protocol.num_requests", hint="requests per row; null: the protocol's rounds")
-    rows = read_rows(csv)
-    if wanted:
-        missing = sorted(wanted - {r.line for r in rows})
+    rows = [r for csv in csvs for r in read_rows(csv)]
+    if lines is not None:
+        wanted = {_selected(x, csvs) for x in lines}
+        missing = sorted(wanted - {(r.set, r.line) for r in rows})
         if missing:
-            raise KernelsightError(f"rows: {csv} has no data row {missing[0]} (it has {len(rows)})")
-        rows = [r for r in rows if r.line in wanted]
+            raise KernelsightError(f"rows: {missing[0][0]}.csv has no data row {missing[0][1]}")
+        rows = [r for r in rows if (r.set, r.line) in wanted]
     parsed = parse_mappings(mappings)
     profile = EngineProfile.from_mapping(engine, "engine config")
     settings = RunSettings.from_protocol(protocol, seed, engine)
     mapped, refused = [], []
     for row in (with_protocol(r, parsed) for r in rows):
         try:
-            mapped.append((row, model_for(row, parsed, f"{csv}: row {row.line}")))
+            mapped.append((row, model_for(row, parsed, f"{_file(csvs, row)}: row {row.line}")))
         except KernelsightError as e:
             refused.append((row, str(e)))
     problems = refusals([r for r, _ in mapped], [m for _, m in mapped], engine)
-    refused += [(r, f"{csv}: row {r.line}: {problems[r.line]}") for r, _ in mapped if r.line in problems]
-    kept = [(r, m) for r, m in mapped if r.line not in problems]
+    refused += [(r, f"{_file(csvs, r)}: row {r.line}: {problems[r.key]}") for r, _ in mapped if r.key in problems]
+    kept = [(r, m) for r, m in mapped if r.key not in problems]
     if not kept:
         raise KernelsightError(f"every row refused; {refused[0][1]}")
-    return Validation(csv, [r for r, _ in kept], [m for _, m in kept], parsed, profile, settings,
+    return Validation(csvs, [r for r, _ in kept], [m for _, m in kept], parsed, profile, settings,
                       list(fit["params"]), list(fit["metrics"]), num_requests,
-                      tuple(sorted(refused, key=lambda x: x[0].line)))
+                      tuple(sorted(refused, key=lambda x: (csvs.index(_file(csvs, x[0])), x[0].line))))
+
+
+def _selected(x, csvs: list) -> tuple[str, int]:
+    """(set, line) of one `rows` entry: a 1-based data row of the only CSV, or '<set>:<row>'."""
+    if isinstance(x, str) and ":" in x:
+        name, _, line = x.partition(":")
+        if name not in {c.stem for c in csvs}:
+            raise KernelsightError(f"rows: {x!r} names no validation set; sets: {', '.join(c.stem for c in csvs)}")
+        number = int(line) if line.strip().isdigit() else line
+        return name, whole_number(number, f"rows: {x!r}: row", hint="'<set>:<1-based data row>'")
+    if len(csvs) > 1:
+        raise KernelsightError(f"rows: {x!r} is ambiguous over {len(csvs)} validation sets; write "
+                               f"'<set>:<row>' (e.g. '{csvs[0].stem}:{x}') or pass one csv=")
+    return csvs[0].stem, whole_number(x, "rows", hint="1-based data rows")
+
+
+def _file(csvs: list, row) -> Path:
+    return next(c for c in csvs if c.stem == row.set)
 
 
 def parse_tiers(tiers: dict) -> list[tuple[Tier, list]]:
@@ -157,7 +181,7 @@ def score_tier(v: Validation, tier: Tier, processes: int, progress=None, store=N
     heldout, thetas = (comp.leave_one_group_out(lins, measured, groups, v.params, v.metrics)
                        if len(set(groups)) > 1 else (np.full_like(simulated, np.nan), {}))
     fits = {"all rows": comp.fit(lins, measured, v.params, v.metrics), **thetas}
-    exposed = [r.line for r, lin in zip(v.rows, lins) if not all(lin.hidden(theta) for theta in ({}, *fits.values()))]
+    exposed = [r.key for r, lin in zip(v.rows, lins) if not all(lin.hidden(theta) for theta in ({}, *fits.values()))]
     if exposed:  # an asynchronous row scored as it ran although a fitted host term outlasts a GPU step
         warned.append(f"rows {', '.join(map(str, exposed))}: async scheduling, but the fitted host terms outlast "
                       f"some steps' GPU time; scored as if hidden")
@@ -168,11 +192,13 @@ def score_tier(v: Validation, tier: Tier, processes: int, progress=None, store=N
 def _frame(v: Validation, tier: Tier, logs, masks, simulated: np.ndarray, heldout: np.ndarray) -> pd.DataFrame:
     rows, measured = v.rows, v.measured
     frame = pd.DataFrame({
-        "tier": tier.name, "line": [r.line for r in rows], "row_id": [r.row_id for r in rows],
+        "tier": tier.name, "set": [r.set for r in rows], "line": [r.line for r in rows],
+        "row_id": [r.row_id for r in rows],
         "model_path": [r.model_path for r in rows], "precision": [r.precision for r in rows],
         "model": [m.name for m in v.models], "model_label": [f"{r.model_path.split('/')[-1]} {r.precision}"
                                                              for r in rows],
-        "tp": [r.tp for r in rows], "concurrency": [r.concurrency for r in rows],
+        "device": [r.device for r in rows], "tp": [r.tp for r in rows], "layout": [parallel_for(r, m).name for r, m in zip(rows, v.models)],
+        "concurrency": [r.concurrency for r in rows],
         "band": [r.band for r in rows], "isl": [r.isl for r in rows], "osl": [r.osl for r in rows],
         "ttft": measured[:, 0], "tpot": measured[:, 1],
         "throughput": [r.throughput for r in rows],
@@ -202,7 +228,7 @@ def score(v: Validation, tiers: list[tuple[Tier, list]], processes: int, progres
 
 def refused_frame(v: Validation) -> pd.DataFrame:
     """The refused rows as table rows: what identifies them, the measurement and the reason (`refused`)."""
-    cols = {"line": "line", "row_id": "row_id", "model_path": "model_path", "precision": "precision", "tp": "tp",
+    cols = {"set": "set", "line": "line", "row_id": "row_id", "model_path": "model_path", "precision": "precision", "tp": "tp",
             "concurrency": "concurrency", "isl": "isl", "osl": "osl", "ttft": "ttft_ms", "tpot": "tpot_ms"}
     return pd.DataFrame([{**{c: getattr(r, a) for c, a in cols.items()}, "refused": why} for r, why in v.refused],
                         columns=[*cols, "refused"])
@@ -217,14 +243,14 @@ def tpot_floor(rows, models, engine: EngineProfile) -> list[float]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for row, model in zip(rows, models):
-            key = (row.device, row.tp, row.pp, row.moe_ep, model)
+            key = (row.device, row.tp, row.pp, row.attention_dp, row.moe_tp, row.moe_ep, model)
             if key not in pricers:
                 hw, par = load_hardware(row.device), parallel_for(row, model)
                 pricers[key] = (StepPricer(model, hw, engine, par, Predictor(hw, tier="roofline")),
                                 memory_plan(model, hw, engine, par).kv_tokens)
             pricer, kv_tokens = pricers[key]
             context = row.isl + row.osl // 2
-            n = max(1, min(row.concurrency, kv_tokens // context))
+            n = max(1, min(-(-row.concurrency // row.attention_dp), kv_tokens // context))  # per attention group
             batch = StepBatch(prefill_new=(-(-n * row.isl // row.osl),), prefill_ctx=(0,), decode_ctx=(context,) * n)
             out.append(sum(k.total_s for k in pricer.kernels(batch)) * 1e3)
     return out

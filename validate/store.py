@@ -71,7 +71,7 @@ class RowStore:
         self.kept = 0    # rows of this run on disk (reused or written)
 
     def _path(self, row, tier) -> Path:
-        return self.folder / f"{tier.name}-row{row.line}.npz"
+        return self.folder / f"{tier.name}-{row.key}.npz"
 
     def get(self, job: tuple) -> StepLog | None:
         """The kept log of a simulate_row job (row, model, tier, settings, num_requests), if its key matches."""

@@ -29,6 +29,7 @@ class Field:
     kind: str
     choices: tuple = ()
     doc: str = ""
+    default: object = None  # value of rows that leave the column out or null (None: the field is required)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class Family:
 
         Without values the reasons group well (import reports count rows per reason).
         """
+        cols = self.with_defaults(cols)
         n = _length(cols)
         reasons = np.full(n, None, dtype=object)
         for f in self.fields:
@@ -106,6 +108,7 @@ class Family:
 
         index: row labels to report (a frame's index); default: positions.
         """
+        cols = self.with_defaults(cols)
         reasons = self.violations(cols, with_values=True)
         bad = np.flatnonzero(reasons != None)  # noqa: E711
         if len(bad):
@@ -113,6 +116,27 @@ class Family:
             row = f"row {index[i]}: " if index is not None else (f"row {i}: " if len(reasons) > 1 else "")
             raise KernelsightError(f"{where}{row}{reasons[i]}")
         return as_arrays(cols, self.fields)
+
+    def with_defaults(self, cols: Columns) -> Columns:
+        """cols with every defaulted field present: a missing column, or null entries, take the default."""
+        out = None
+        for f in self.fields:
+            if f.default is None:
+                continue
+            v = cols.get(f.name)
+            if v is None:
+                out = dict(cols) if out is None else out
+                out[f.name] = np.full(_length(cols), f.default, dtype=object if isinstance(f.default, str) else None)
+                continue
+            v = np.asarray(v)
+            if v.dtype == object or v.dtype.kind == "f":
+                null = pd_isna(v)
+                if null.any():
+                    out = dict(cols) if out is None else out
+                    filled = v.astype(object) if v.dtype == object or isinstance(f.default, str) else v.copy()
+                    filled[null] = f.default
+                    out[f.name] = filled
+        return cols if out is None else out
 
     # -- cost -------------------------------------------------------------
     def cost(self, cols: Columns, index=None) -> Cost:
@@ -175,6 +199,14 @@ def as_arrays(cols: Columns, fields) -> dict:
             v = v.astype(bool)
         out[f.name] = v
     return out
+
+
+def pd_isna(v: np.ndarray) -> np.ndarray:
+    """Null mask of an array: None or NaN."""
+    if v.dtype.kind == "f":
+        return np.isnan(v)
+    return np.asarray([x is None or (isinstance(x, float) and x != x) for x in v.reshape(-1).tolist()],
+                      dtype=bool).reshape(v.shape)
 
 
 def elem_bytes(dtypes: np.ndarray) -> np.ndarray:
