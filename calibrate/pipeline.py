@@ -27,6 +27,7 @@ from kernelsight.predictor.paths import conf_dir, read_yaml
 from . import evaluate as ev
 from . import rows as rw
 from .bundle import data_label, publish
+from .intervals import fit_intervals, residual_frame
 from .models import ConstantEtaBaseline, EtaRegressor, check_learner, run_fits
 from .report import write_report
 
@@ -282,7 +283,8 @@ def publish_bundle(settings: CalibrationSettings, progress=None) -> Published:
     every selected row and write the bundle to settings.bundle. progress: see Calibration."""
     check_publish(settings)
     run = Calibration(settings, progress)
-    summary = run.report(run.evaluate(None)) if settings.evaluate else {}
+    scored = run.evaluate(None) if settings.evaluate else None
+    summary = run.report(scored) if settings.evaluate else {}
     t = time.perf_counter()
     models = run.final_models()
     run.tick("fit final models", t)
@@ -300,6 +302,7 @@ def publish_bundle(settings: CalibrationSettings, progress=None) -> Published:
                       "cross": sorted(d for d, f in run.blocks if f == fam)}
                 for fam in sorted({f for _, f in run.blocks})}
     extra = {"devices": devices, "families": families, "metrics": summary,
+             "intervals": fit_intervals(residual_frame(scored)) if scored is not None else {},
              "baselines": {"constant_eta": run.constant_eta()}, **build_settings(settings)}
     bundle = publish(settings.bundle, models, training, created=settings.created, extra=extra)
     return Published(bundle, models, summary)

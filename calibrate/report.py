@@ -17,6 +17,7 @@ import pandas as pd
 from kernelsight.predictor.outputs import ensure_dir, save_figure, write_json, write_text
 
 from .evaluate import DECODE_SIZED, DIAGNOSTIC, DIAGNOSTICS, MODELS, NO_SIBLING, TOKEN_FIELDS, headline, metrics
+from .intervals import coverage, residual_frame
 
 PLOT_POINTS = 1500
 
@@ -61,7 +62,10 @@ def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.Dat
     out = ensure_dir(Path(out), "out")
     per = metrics(scored)
     head = headline(scored)
+    residuals = residual_frame(scored)
+    covered = coverage(residuals)
     result = {"headline_mape": head.to_dict(orient="records"), "per_split": per.to_dict(orient="records"),
+              "interval_coverage": covered.to_dict(orient="records"),
               "rows": counts.to_dict(orient="records"), "sweeps": chosen.to_dict(orient="records"),
               "eta_lt_1_kept": eta_lt_1.to_dict(orient="records"), "settings": settings, "timings_s": timings,
               "repeat_measurements": [] if repeats is None else repeats.to_dict(orient="records"),
@@ -91,6 +95,13 @@ def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.Dat
           "## Target tier per GPU (all K folds pooled; per fold in evaluation.json)", "",
           markdown_table(_mape_table(pooled_folds, "target")), "",
           "## Cross-device tier per held-out GPU", "", markdown_table(_mape_table(per, "cross")), "",
+          "## 80 % prediction intervals: held-out coverage", "",
+          "Every prediction carries [p10, p90] = predicted x exp(q10, q90), the quantiles of held-out "
+          "log(measured / predicted) of the path that priced it (calibrate/intervals.py: the target tier's "
+          "K-fold rows per family; the cross tier's leave-one-GPU-out rows per family, apart for rows a die "
+          "sibling priced). Coverage here is cross-fitted: each fold's (target) or held-out GPU's (cross) "
+          "rows against the interval fitted without them. Aim: 75-85 %. Width: median p90 / p10.", "",
+          markdown_table(covered), "",
           "## Repeat measurements", "",
           "Kernels of the kept sweep that another sweep of the same source and GPU timed again (same harness, "
           "provider and shape; another campaign): the other campaign's latency scored as a prediction of the "

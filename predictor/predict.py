@@ -16,8 +16,13 @@ one shipped in the package by default):
                   cross), cross otherwise;
   tier 'roofline' η = 1.
 
-Every prediction carries the tier and model that produced it and an
-`extrapolated` flag (inputs outside the training range, clamped to it). η >= 1
+Every prediction carries the tier and model that produced it, an
+`extrapolated` flag (inputs outside the training range, clamped to it, or η
+outside the η the model was trained on) and an 80 % interval [p10, p90] from
+the bundle's held-out residual quantiles of the path that priced it (target
+model, cross-device model or die sibling; calibrate/intervals.py): never below
+the roofline, and for an extrapolated prediction the wider of its path's and
+the cross path's. A roofline-priced kernel has no interval (NaN). η >= 1
 always. A family that no model in the bundle covers is priced at η = 1 with a
 warning, once per family.
 """
@@ -37,6 +42,15 @@ from .roofline import roofline_columns, roofline_frame
 from .transfer import ROOFLINE, cross_eta, die_siblings, take
 
 TIERS = ("auto", "target", "cross", ROOFLINE)
+BANDS = (None, "p10", "p90")
+
+
+def _quantiles(intervals: dict, path: str, family: str) -> tuple[float, float] | None:
+    """(q10, q90) of held-out log(measured / predicted) for `family` priced by `path` (its family's, else
+    the path's pooled '*'), or None when the bundle has none."""
+    table = intervals.get(path) or {}
+    q = table.get(family) or table.get("*")
+    return (float(q["p10"]), float(q["p90"])) if q else None
 
 
 class Predictor:
@@ -44,13 +58,18 @@ class Predictor:
 
     bundle: None (the shipped default), a directory, a loaded Bundle, or False
     (no bundle: η = 1 with a warning per family).
+    band: None, or 'p10' / 'p90': predict(columns, family=...) then gives that end of each kernel's interval
+    as `seconds` (the central value where a kernel has none), so a simulation priced with it is the run
+    at that end of the interval.
     """
 
-    def __init__(self, hardware: Hardware | str, tier: str = "auto", bundle=None):
+    def __init__(self, hardware: Hardware | str, tier: str = "auto", bundle=None, band: str | None = None):
         self.hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
         if tier not in TIERS:
             raise KernelsightError(f"unknown tier {tier!r}{did_you_mean(tier, TIERS)}; expected one of {TIERS}")
-        self.tier = tier
+        if band not in BANDS:
+            raise KernelsightError(f"band={band!r}: expected one of {', '.join(map(str, BANDS))}")
+        self.tier, self.band = tier, band
         self.bundle = self._bundle(bundle) if tier != ROOFLINE else None
         self._warned: set[str] = set()
         self._chosen: dict[str, tuple] = {}
@@ -124,13 +143,36 @@ class Predictor:
         roof = roofline_columns(family, shapes, self.hw)
         out = {**roof, **self._estimate(family, shapes, roof)}
         out["seconds"] = roof["t_roof"] * out["eta"]
+        out["seconds_p10"], out["seconds_p90"] = self._interval(family, out["seconds"], roof["t_roof"], out)
+        if self.band is not None:
+            end = out[f"seconds_{self.band}"]
+            out["seconds"] = np.where(np.isnan(end), out["seconds"], end)
         return out
+
+    def _interval(self, family: str, seconds: np.ndarray, t_roof, res: dict) -> tuple[np.ndarray, np.ndarray]:
+        """[p10, p90] of each prediction (see the module docstring)."""
+        lo, hi = np.full(len(seconds), np.nan), np.full(len(seconds), np.nan)
+        intervals = self.bundle.manifest.get("intervals") if self.bundle is not None else None
+        if not intervals:
+            return lo, hi
+        cross = _quantiles(intervals, "cross", family)
+        for path in ("target", "cross", "sibling"):
+            q = _quantiles(intervals, path, family)
+            rows = res["path"] == path
+            if q is None or not rows.any():
+                continue
+            q10 = np.where(res["extrapolated"][rows] & (cross is not None), min(q[0], (cross or q)[0]), q[0])
+            q90 = np.where(res["extrapolated"][rows] & (cross is not None), max(q[1], (cross or q)[1]), q[1])
+            lo[rows] = np.maximum(seconds[rows] * np.exp(q10), np.asarray(t_roof, dtype=float)[rows])
+            hi[rows] = np.maximum(seconds[rows] * np.exp(q90), lo[rows])
+        return lo, hi
 
     def _predict_frame(self, df: pd.DataFrame) -> pd.DataFrame:
         out = roofline_frame(df, self.hw)
         n = len(df)
         eta, extrapolated = np.ones(n), np.zeros(n, dtype=bool)
         tier, model = np.full(n, ROOFLINE, dtype=object), np.full(n, ROOFLINE, dtype=object)
+        path = np.full(n, ROOFLINE, dtype=object)
         if n:
             for family, idx in df.groupby("family", sort=False).indices.items():
                 part = df.iloc[idx]
@@ -138,8 +180,16 @@ class Predictor:
                 res = self._estimate(family, {c: part[c].to_numpy() for c in part.columns}, roof)
                 eta[idx], tier[idx], model[idx], extrapolated[idx] = (res["eta"], res["tier"], res["model"],
                                                                       res["extrapolated"])
+                path[idx] = res["path"]
         out["eta"] = eta
         out["latency_us"] = out["t_roof"].astype(float).to_numpy() * eta * 1e6
+        lo, hi = np.full(n, np.nan), np.full(n, np.nan)
+        if n:
+            for family, idx in df.groupby("family", sort=False).indices.items():
+                res = {"path": path[idx], "extrapolated": extrapolated[idx]}
+                lo[idx], hi[idx] = self._interval(family, out["latency_us"].to_numpy()[idx],
+                                                  out["t_roof"].astype(float).to_numpy()[idx] * 1e6, res)
+        out["latency_p10_us"], out["latency_p90_us"] = lo, hi
         out["tier"] = tier
         out["model"] = model
         out["extrapolated"] = extrapolated
@@ -149,7 +199,8 @@ class Predictor:
         """η, tier, model label and extrapolated flag for each kernel of one family."""
         n = len(roof["t_roof"])
         out = {"eta": np.ones(n), "tier": np.full(n, ROOFLINE, dtype=object),
-               "model": np.full(n, ROOFLINE, dtype=object), "extrapolated": np.zeros(n, dtype=bool)}
+               "model": np.full(n, ROOFLINE, dtype=object), "extrapolated": np.zeros(n, dtype=bool),
+               "path": np.full(n, ROOFLINE, dtype=object)}
         target, cross, siblings = self._models(family)
         if n == 0 or (target is None and cross is None and not siblings):
             return out
@@ -159,7 +210,7 @@ class Predictor:
             # auto: what the target sweep never held goes to the cross path, when there is one
             rows = ~target.unseen_category(x) if (cross is not None or siblings) else rest
             out["eta"][rows], out["extrapolated"][rows] = target.eta(x if rows.all() else x[rows])
-            out["tier"][rows], out["model"][rows] = target.tier, target.label
+            out["tier"][rows], out["model"][rows], out["path"][rows] = target.tier, target.label, "target"
             rest = ~rows
         if rest.any():
             self._cross(family, cols, roof, rest, cross, siblings, out)
@@ -175,6 +226,7 @@ class Predictor:
         priced = res["sibling"] | (cross is not None)
         out["eta"][idx], out["extrapolated"][idx], out["model"][idx] = res["eta"], res["extrapolated"], res["model"]
         out["tier"][idx[priced]] = "cross"
+        out["path"][idx] = np.where(res["sibling"], "sibling", np.where(priced, "cross", ROOFLINE))
         if not priced.all() and family not in self._warned:
             self._warned.add(family)
             warnings.warn(f"bundle {self.bundle.path} has no cross-device {family} model: {int((~priced).sum())} "

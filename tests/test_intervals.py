@@ -1,0 +1,76 @@
+"""80 % prediction intervals: fitted on held-out residuals per path and family, coverage cross-fitted, applied
+by the predictor (never below the roofline, wider where a prediction extrapolates)."""
+import numpy as np
+import pandas as pd
+import pytest
+
+from kernelsight.calibrate.intervals import MIN_ROWS, coverage, fit_intervals, residual_frame
+from kernelsight.predictor.predict import Predictor
+
+
+def scored(rng, n=400, spread=0.2, shift=0.0):
+    """A scored frame like calibrate.evaluate's: target K-fold rows and cross leave-one-GPU-out rows."""
+    rows = []
+    for tier, splits in (("target", [f"fold {f}" for f in range(4)]), ("cross", ["lodo a", "lodo b", "lodo c"])):
+        for split in splits:
+            r = rng.normal(shift, spread * (2 if tier == "cross" else 1), n)
+            pred = rng.uniform(0.01, 1.0, n)
+            rows.append(pd.DataFrame({"tier": tier, "split": split, "family": "gemm",
+                                      "device": split.split()[-1] if tier == "cross" else "h100_sxm",
+                                      "fold": int(split.split()[-1]) if tier == "target" else -1,
+                                      "sibling": False, "pred_lightgbm": pred, "latency_ms": pred * np.exp(r)}))
+    extra = pd.DataFrame({"tier": "cross", "split": "gb200 holdout", "family": "gemm", "device": "gb200", "fold": -1,
+                          "sibling": False, "pred_lightgbm": 1.0, "latency_ms": [100.0]})  # not a LODO row
+    return pd.concat([*rows, extra], ignore_index=True)
+
+
+def test_quantiles_per_path_and_held_out_coverage_near_80_percent():
+    res = residual_frame(scored(np.random.default_rng(0)))
+    assert set(res["path"]) == {"target", "cross"} and len(res) == 4 * 400 + 3 * 400  # the extra protocol left out
+    fitted = fit_intervals(res)
+    t, c = fitted["target"]["gemm"], fitted["cross"]["gemm"]
+    assert t["p10"] == pytest.approx(-1.2816 * 0.2, abs=0.03) and t["p90"] == pytest.approx(1.2816 * 0.2, abs=0.03)
+    assert c["p90"] - c["p10"] == pytest.approx(2 * (t["p90"] - t["p10"]), rel=0.15)  # the weaker path is wider
+    cov = coverage(res).set_index("path")
+    assert cov.loc["target", "coverage_pct"] == pytest.approx(80, abs=3)
+    assert cov.loc["cross", "coverage_pct"] == pytest.approx(80, abs=4)
+
+
+def test_a_biased_unit_is_caught_by_cross_fitted_coverage():
+    """Coverage is measured on rows the interval never saw: a GPU the others do not predict falls outside."""
+    rng = np.random.default_rng(1)
+    frame = scored(rng)
+    shifted = frame["split"] == "lodo c"
+    frame.loc[shifted, "latency_ms"] *= 3.0
+    cov = coverage(residual_frame(frame)).set_index("path")
+    assert cov.loc["cross", "coverage_pct"] < 65
+
+
+def test_small_groups_use_the_pooled_quantiles():
+    res = residual_frame(scored(np.random.default_rng(2), n=MIN_ROWS // 8))
+    fitted = fit_intervals(res)
+    assert "gemm" not in fitted["target"] and "*" in fitted["target"]
+
+
+def test_the_predictor_applies_the_bundle_intervals():
+    p = Predictor("h100_sxm")
+    shape = pd.DataFrame([{"family": "gemm", "m": 64, "n": 4096, "k": 4096, "dtype": "bf16"},
+                          {"family": "gemm", "m": 1 << 22, "n": 4096, "k": 4096, "dtype": "bf16"}])  # extrapolated
+    intervals = {"target": {"gemm": {"p10": -0.1, "p90": 0.2, "rows": 999}},
+                 "cross": {"*": {"p10": -0.5, "p90": 0.6, "rows": 999}}}
+    p.bundle = type(p.bundle).__new__(type(p.bundle))
+    p.bundle.__dict__.update(Predictor("h100_sxm").bundle.__dict__)
+    p.bundle.manifest = {**p.bundle.manifest, "intervals": intervals}
+    out = p.predict(shape)
+    assert list(out["extrapolated"]) == [False, True]
+    first = out.iloc[0]
+    assert first["latency_p10_us"] == pytest.approx(max(first["latency_us"] * np.exp(-0.1), first["t_roof"] * 1e6))
+    assert first["latency_p90_us"] == pytest.approx(first["latency_us"] * np.exp(0.2))
+    second = out.iloc[1]  # extrapolated: the wider of target's and cross's
+    assert second["latency_p90_us"] == pytest.approx(second["latency_us"] * np.exp(0.6))
+    assert (out["latency_p10_us"] >= out["t_roof"] * 1e6 - 1e-9).all()
+    cols = p.predict({"m": np.array([64]), "n": np.array([4096]), "k": np.array([4096]),
+                      "dtype": np.array(["bf16"], dtype=object)}, family="gemm")
+    assert cols["seconds_p90"][0] == pytest.approx(first["latency_p90_us"] * 1e-6)
+    roof = Predictor("h100_sxm", tier="roofline").predict(shape)
+    assert roof["latency_p10_us"].isna().all()
