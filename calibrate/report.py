@@ -92,6 +92,8 @@ def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.Dat
           markdown_table(_headline_table(head)), "",
           "## GB200 held out (the seed paper's protocol: trained on the other GPUs, B200 included; "
           "and without any Blackwell GPU)", "", markdown_table(gb200), "",
+          "## Leave-one-generation-out (trained without any GPU of the test GPU's architecture)", "",
+          markdown_table(cross[cross["split"].str.contains("_no_")] if not cross.empty else cross), "",
           "## Target tier per GPU (all K folds pooled; per fold in evaluation.json)", "",
           markdown_table(_mape_table(pooled_folds, "target")), "",
           "## Cross-device tier per held-out GPU", "", markdown_table(_mape_table(per, "cross")), "",
