@@ -28,7 +28,7 @@ from kernelsight.validate.context import report_context
 from kernelsight.validate.cross_bundle import cross_bundle_settings, stale_reason
 from kernelsight.validate.rows import default_csvs
 from kernelsight.validate.run import Tier
-from kernelsight.validate.score import Validation, load_validation, parse_tiers, refused_frame, score
+from kernelsight.validate.score import Validation, excluded, load_validation, parse_tiers, refused_frame, score
 from kernelsight.validate.serve import run_dirs, serve_report, validate_serve
 from kernelsight.validate.store import RowStore, parts_dir
 
@@ -50,7 +50,7 @@ def validate(cfg) -> pd.DataFrame:
     v = _validation(cfg)
     for _, why in v.refused:
         print(f"kernelsight validate: refused: {why}", file=sys.stderr)
-    tiers = _tiers(cfg)
+    tiers = _tiers(cfg, v.devices)
     store, total = RowStore(parts_dir(table)), len(v.rows) * len(tiers)
     with on_interrupt(lambda: f"{store.kept} of {total} rows kept in {store.folder}/; run the same command "
                               f"again to continue"):
@@ -96,12 +96,15 @@ def _validation(cfg) -> Validation:
                            container(cfg.protocol), cfg.seed, container(cfg.fit))
 
 
-def _tiers(cfg) -> list[tuple[Tier, list]]:
-    """The configured tiers; a tier fitted without some GPUs gets its bundle built (or reused from the cache)."""
+def _tiers(cfg, devices) -> list[tuple[Tier, dict]]:
+    """The configured tiers; a tier fitted without some GPUs gets its bundle per validated GPU built (or reused
+    from the cache)."""
     tiers = parse_tiers(container(cfg.tiers))
     for tier, exclude in tiers:
         if exclude:
-            ensure_cross_bundle(tier.bundle, exclude, check_seed(cfg.seed), progress_bars(cfg))
+            for device in devices:
+                ensure_cross_bundle(tier.on(device).bundle, excluded(exclude, device), check_seed(cfg.seed),
+                                    progress_bars(cfg))
     return tiers
 
 

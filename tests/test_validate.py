@@ -307,7 +307,7 @@ def test_readme_block_rewrite_is_idempotent_and_keeps_the_rest(tmp_path):
     assert not rep.rewrite_readme(readme, rep.readme_block(head))
     assert readme.read_text() == once
     assert once.startswith("# kernelsight\n\nintro\n\n") and once.endswith("\n\n## more\ntext\n")
-    assert "| vllm_dev | target (η with H100 kernel data) | 3 | 5.0 | 11.0 | 2.5 | 6.2 / 14.3 / 2.7 |" in once
+    assert "| vllm_dev | target (η with the GPU's own kernel data) | 3 | 5.0 | 11.0 | 2.5 | 6.2 / 14.3 / 2.7 |" in once
     assert "old" not in once
     (tmp_path / "plain.md").write_text("no markers\n")
     assert "markers" in one_line_error(rep.rewrite_readme, tmp_path / "plain.md", block)
@@ -330,7 +330,7 @@ def test_validate_command_end_to_end_on_two_rows(capsys, tmp_path):
     text = report.read_text()
     assert "## Headline" in text and "Held-out errors per model and layout" in text
     assert (tmp_path / "validation_parity_target.png").stat().st_size > 10_000
-    assert "target (η with H100 kernel data)" in readme.read_text()
+    assert "target (η with the GPU's own kernel data)" in readme.read_text()
     assert "report:" in out
 
 

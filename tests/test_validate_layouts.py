@@ -61,3 +61,20 @@ def test_an_attention_dp_row_is_refused_and_the_others_run(tmp_path, run_cli):
     assert "row 2: attention_dp_size=2: data-parallel attention needs a mixture-of-experts model" in err
     table = pd.read_csv(tmp_path / "t.csv")
     assert table["refused"].notna().sum() == 1 and len(table) == 3
+
+
+def test_the_cross_tier_has_one_bundle_per_validated_gpu(tmp_path, monkeypatch):
+    """A row's GPU is never in the cross tier's training data: H100 rows without any H100-class GPU, H200 rows
+    without the H200; a GPU the mapping does not name is fitted without itself."""
+    from kernelsight.validate.score import excluded, parse_tiers
+
+    monkeypatch.setenv("KERNELSIGHT_CACHE", str(tmp_path))
+    [(tier, exclude)] = parse_tiers({"cross": {"predictor_tier": "cross", "bundle": "no_{device}", "exclude_devices": {
+        "h100_sxm": ["h100_sxm", "gh200"], "h200_sxm": ["h200_sxm"]}}})
+    assert tier.on("h200_sxm").bundle == str(tmp_path / "bundles" / "no_h200_sxm")
+    assert excluded(exclude, "h100_sxm") == ["h100_sxm", "gh200"] and excluded(exclude, "b200_sxm") == ["b200_sxm"]
+    with pytest.raises(KernelsightError, match="needs one bundle per GPU"):
+        parse_tiers({"cross": {"predictor_tier": "cross", "bundle": "no_h100", "exclude_devices": {"h100_sxm": []}}})
+    [(single, ex)] = parse_tiers({"cross": {"predictor_tier": "cross", "bundle": str(tmp_path / "b"),
+                                            "exclude_devices": ["h100_sxm"]}})
+    assert single.on("h200_sxm") is single and excluded(ex, "h200_sxm") == ["h100_sxm"]

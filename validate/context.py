@@ -20,7 +20,7 @@ from . import report as rep
 from .allreduce import custom_allreduce_rows, fit_custom_allreduce
 from .rows import DEPLOYMENTS
 from .run import RunSettings, Tier
-from .score import TierScore, Validation
+from .score import TierScore, Validation, excluded
 
 
 def portable(path) -> str:
@@ -48,10 +48,14 @@ def protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mappings
            f"{engine.frontend.jitter_ms:g} ms (counted in TTFT)",
            "throughput (measured and predicted alike) = concurrency x osl / (TTFT + (osl - 1) x TPOT)"]
     for tier, exclude in tiers:
-        src = portable(tier.bundle) if tier.bundle else "the shipped bundle (data/artifacts/default)"
-        out.append(f"tier {tier.name}: predictor tier '{tier.predictor_tier}', η bundle {src}"
-                   + (f" (fitted without {', '.join(exclude)})" if exclude else "")
-                   + (sibling_note(tier, devices) if tier.predictor_tier == "cross" else ""))
+        for device in devices if "{device}" in str(tier.bundle) else devices[:1]:
+            on = tier.on(device)
+            src = portable(on.bundle) if on.bundle else "the shipped bundle (data/artifacts/default)"
+            gpus = f" for {device} rows" if on is not tier else ""
+            out.append(f"tier {tier.name}{gpus}: predictor tier '{tier.predictor_tier}', η bundle {src}"
+                       + (f" (fitted without {', '.join(excluded(exclude, device))})" if exclude else "")
+                       + (sibling_note(on, [device] if on is not tier else devices)
+                          if tier.predictor_tier == "cross" else ""))
     for m in mappings:
         notes = [f"{k} {v}" for k, v in (("weight dtype", m.weight_dtype), ("KV cache", m.kv_dtype)) if v]
         if m.range_ratio < 1:
@@ -138,7 +142,8 @@ def report_context(v: Validation, df: pd.DataFrame, tiers, scores: list[TierScor
     the GPUs any tier leaves out)."""
     warned = {tier.name: s.warnings for (tier, _), s in zip(tiers, scores)}
     fits = {tier.name: s.fits for (tier, _), s in zip(tiers, scores)}
-    ar = fit_custom_allreduce(custom_allreduce_rows(), exclude=sorted({d for _, ex in tiers for d in ex}))
+    ar = fit_custom_allreduce(custom_allreduce_rows(), exclude=sorted(
+        {d for _, ex in tiers for device in v.devices if ex for d in excluded(ex, device)}))
     return {
         "csv": ", ".join(portable(c) for c in v.csvs), "rows": len(v.rows),
         "protocol": protocol_lines(v.settings, v.engine, tiers, v.mappings, v.num_requests, v.devices),

@@ -24,7 +24,8 @@ SEED_PAPER = {"target": {"tpot": 6.2, "ttft": 14.3, "throughput": 2.7},
               "cross": {"tpot": 12.8, "ttft": 15.4, "throughput": 3.0}}
 TARGETS = {"target": {"tpot": 6.0, "ttft": 12.0, "throughput": 3.0},
            "cross": {"tpot": 12.0, "ttft": 15.0, "throughput": 5.0}}
-TIER_TITLES = {"target": "target (η with H100 kernel data)", "cross": "cross-device (η without any H100 measurement)"}
+TIER_TITLES = {"target": "target (η with the GPU's own kernel data)",
+               "cross": "cross-device (η without any measurement of the row's GPU)"}
 README_START, README_END = "<!-- accuracy:start -->", "<!-- accuracy:end -->"
 
 

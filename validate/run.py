@@ -96,11 +96,21 @@ class RunSettings:
 
 @dataclass(frozen=True)
 class Tier:
-    """An η tier of the validation: the predictor tier and bundle the simulator prices kernels with."""
+    """An η tier of the validation: the predictor tier and bundle the simulator prices kernels with.
+
+    bundle may name one bundle per validated GPU with '{device}' (its catalog key): on(device) is the tier
+    of that GPU's rows."""
 
     name: str
     predictor_tier: str
     bundle: str | None
+
+    def on(self, device: str) -> "Tier":
+        if self.bundle is None or "{device}" not in self.bundle:
+            return self
+        from .cross_bundle import resolve_bundle
+
+        return Tier(self.name, self.predictor_tier, resolve_bundle(self.bundle.replace("{device}", device)))
 
 
 @dataclass

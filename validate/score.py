@@ -126,8 +126,15 @@ def _file(csvs: list, row) -> Path:
     return next(c for c in csvs if c.stem == row.set)
 
 
-def parse_tiers(tiers: dict) -> list[tuple[Tier, list]]:
-    """(Tier, GPUs its bundle is fitted without) per configured tier (a null tier is skipped)."""
+def excluded(exclude: dict, device: str) -> list[str]:
+    """The GPUs the bundle of `device`'s rows is fitted without (a parse_tiers mapping)."""
+    return exclude.get(device) or exclude.get("*") or [device]
+
+
+def parse_tiers(tiers: dict) -> list[tuple[Tier, dict]]:
+    """(Tier, {validated GPU: GPUs its bundle is fitted without}) per configured tier (a null tier is skipped).
+    exclude_devices is that mapping, or one list for every GPU; a GPU the mapping does not name is fitted
+    without itself alone."""
     out = []
     for name, spec in tiers.items():
         if spec is None:
@@ -140,11 +147,20 @@ def parse_tiers(tiers: dict) -> list[tuple[Tier, list]]:
         if predictor_tier not in PREDICTOR_TIERS:
             raise KernelsightError(f"tiers.{name}.predictor_tier={predictor_tier!r}: choose one of "
                                    f"{', '.join(PREDICTOR_TIERS)}{did_you_mean(predictor_tier, PREDICTOR_TIERS)}")
-        bundle = resolve_bundle(spec.get("bundle"))
-        exclude = list(spec.get("exclude_devices") or ())
+        raw = spec.get("bundle")
+        bundle = raw if raw is not None and "{device}" in str(raw) else resolve_bundle(raw)
+        exclude = spec.get("exclude_devices") or {}
+        if isinstance(exclude, (list, tuple)):
+            exclude = {"*": list(exclude)}
+        if not isinstance(exclude, dict) or not all(isinstance(v, (list, tuple)) for v in exclude.values()):
+            raise KernelsightError(f"tiers.{name}.exclude_devices: a list of GPUs, or a mapping of validated GPU to "
+                                   f"such a list")
         if exclude and bundle is None:
             raise KernelsightError(f"tiers.{name}: exclude_devices needs a bundle path to build and cache")
-        out.append((Tier(name, predictor_tier, bundle), exclude))
+        if "*" not in exclude and exclude and "{device}" not in str(bundle):
+            raise KernelsightError(f"tiers.{name}: exclude_devices per GPU needs one bundle per GPU: a bundle name "
+                                   f"with '{{device}}', e.g. no_{{device}}")
+        out.append((Tier(name, predictor_tier, bundle), {k: list(v) for k, v in exclude.items()}))
     if not out:
         raise KernelsightError("tiers: nothing to validate (every tier is null)")
     return out
@@ -165,7 +181,8 @@ def score_tier(v: Validation, tier: Tier, processes: int, progress=None, store=N
     tqdm-like factory for a bar over the rows, or None; store: a store.RowStore that keeps each row's
     simulation as it finishes and gives back those of an earlier run with the same settings."""
     t0 = time.perf_counter()
-    logs = simulate_rows([(r, m, tier, v.settings, v.num_requests) for r, m in zip(v.rows, v.models)], processes,
+    logs = simulate_rows([(r, m, tier.on(r.device), v.settings, v.num_requests) for r, m in zip(v.rows, v.models)],
+                         processes,
                          progress, f"validate ({tier.name} tier)", store)
     wall = time.perf_counter() - t0
     steps = sum(len(log.gpu_s) for log in logs)
