@@ -1,13 +1,22 @@
 """Simulator speed and memory: `python benchmarks/bench_sim.py` prints the figures.
 
-1. Speed: 10,000 ShareGPT-like requests (conf/workload/sharegpt.yaml) on Llama-3.1-8B / H100 SXM
-   (vllm_v1 engine, one GPU) at 90% of the engine's capacity, where batches are large and
-   queues build up: simulated requests per wall-second and wall time (target <= 5 s on one
-   core), from a fresh pricer (its memo tables are built during the run, as in a real run).
-   Capacity is measured first: the request rate served when the same requests arrive at once.
-   The process's CPU time and the machine's load average are printed too: on a shared
+Every speed figure is measured twice in the same run, with runs of decode steps fast-forwarded (the
+default) and step by step (sim.run.run(fast_forward=False)), and printed with their ratio: on a shared
+machine absolute times move with the load, ratios much less.
+
+1. Whole process: `kernelsight simulate num_requests=10000` (the default workload: Poisson, 8 req/s,
+   1024 prompt / 128 output tokens, Llama-3.1-8B on one H100 SXM) as its own process, start to exit
+   (python calling kernelsight.cli.main, as the console script does, without a launcher shim's
+   start-up; target <= 2 s), and the simulation's
+   own wall time it prints. The command has no fast-forward switch: the step-by-step process is the
+   same command with its engine built with fast_forward=False.
+2. Speed: 10,000 ShareGPT-like requests (conf/workload/sharegpt.yaml), same model and GPU, at 90% of
+   the engine's capacity, where batches are large and queues build up: simulated requests per
+   wall-second and wall time (target <= 1 s), from a fresh pricer (its memo tables are built during the
+   run, as in a real run). Capacity is measured first: the request rate served when the same requests
+   arrive at once. The process's CPU time and the machine's load average are printed too: on a shared
    machine wall time includes waiting for a core.
-2. Memory: peak RSS of a 1,000,000-request run vs a 100,000-request run, each in a fresh
+3. Memory: peak RSS of a 1,000,000-request run vs a 100,000-request run, each in a fresh
    process (short requests, 256 prompt / 16 output tokens, at 90% of capacity, so the long
    run stays minutes): the simulator streams requests and metrics, so the two must match.
 """
@@ -16,25 +25,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
 import time
 import warnings
 
-from hydra import compose, initialize_config_dir
-
-from kernelsight.predictor.paths import conf_dir
-from kernelsight.cli.config import container, typed_configs
-from kernelsight.sim.run import build_setup, run
-from kernelsight.sim.workload import WorkloadConfig
-
 SPEED_REQUESTS = 10_000
 MEMORY_REQUESTS = (100_000, 1_000_000)
 SHORT = ["workload=poisson", "workload.input.value=256", "workload.output.value=16"]
+WHOLE = ["simulate", f"num_requests={SPEED_REQUESTS}", "quiet=true"]
 
 
 def setup_for(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+
+    from kernelsight.cli.config import container, typed_configs
+    from kernelsight.predictor.paths import conf_dir
+    from kernelsight.sim.run import build_setup
+    from kernelsight.sim.workload import WorkloadConfig
+
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose(config_name="simulate", overrides=overrides)
     model, hw, engine, parallel = typed_configs(cfg)
@@ -45,16 +56,46 @@ def setup_for(overrides: list[str]):
 
 def capacity(overrides: list[str], n: int) -> float:
     """Requests/s the engine completes when n requests arrive at once (its saturation throughput)."""
+    from kernelsight.sim.run import run
+
     result = run(setup_for([*overrides, "workload.request_rate=inf"]), n, seed=1, breakdown=False)
     return result.summary["request_throughput"]
 
 
-def timed_run(overrides: list[str], n: int) -> dict:
+def timed_run(overrides: list[str], n: int, fast_forward: bool = True) -> dict:
+    from kernelsight.sim.run import run
+
     setup = setup_for(overrides)
     cpu = time.process_time()
-    summary = run(setup, n, seed=0).summary
+    result = run(setup, n, seed=0, fast_forward=fast_forward)
+    summary = result.summary
     summary["cpu_s"] = time.process_time() - cpu
+    summary["fast_forwarded_steps"] = result.engine.fast_forwarded_steps
     return summary
+
+
+def whole_process(fast_forward: bool) -> tuple[float, float]:
+    """(wall time of the process start to exit, the simulation's wall time it printed) of `kernelsight
+    simulate num_requests=10000`."""
+    if fast_forward:
+        cmd = [sys.executable, "-c", "import sys; from kernelsight import cli; cli.main(sys.argv[1:])", *WHOLE]
+    else:
+        cmd = [sys.executable, __file__, "--step-by-step-cli", *WHOLE]
+    start = time.perf_counter()
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    wall = time.perf_counter() - start
+    found = re.search(r"simulated \d+ requests in ([\d.]+) s of wall time", out)
+    return wall, float(found.group(1)) if found else float("nan")
+
+
+def step_by_step_cli(argv: list[str]) -> None:
+    """The command, with its engine simulating every step (the only change)."""
+    from kernelsight import cli
+    from kernelsight.sim.run import Setup
+
+    new_engine = Setup.new_engine
+    Setup.new_engine = lambda self, *args, **kwargs: new_engine(self, *args, **{**kwargs, "fast_forward": False})
+    cli.main(argv)
 
 
 def child(n: int, rate: float) -> None:
@@ -67,26 +108,43 @@ def child(n: int, rate: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--skip-memory", action="store_true", help="only the speed benchmark")
+    parser.add_argument("--skip-memory", action="store_true", help="only the speed benchmarks")
     parser.add_argument("--child", nargs=2, type=float, metavar=("N", "RATE"), help=argparse.SUPPRESS)
+    parser.add_argument("--step-by-step-cli", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.step_by_step_cli is not None:
+        step_by_step_cli(args.step_by_step_cli)
+        return
     warnings.filterwarnings("ignore", message=".*are plain roofline")   # η = 1 where no model: irrelevant to speed
     if args.child:
         child(int(args.child[0]), args.child[1])
         return
 
+    print(f"whole process: `kernelsight simulate num_requests={SPEED_REQUESTS}` (Poisson 8 req/s, 1024/128 tokens, "
+          f"Llama-3.1-8B, H100 SXM), start to exit; target <= 2 s")
+    procs = {ff: whole_process(ff) for ff in (True, False)}
+    for ff, (wall, sim) in procs.items():
+        print(f"  {'fast-forward' if ff else 'step by step':<13} {wall:6.2f} s (simulation {sim:.2f} s)")
+    print(f"  ratio step by step / fast-forward: {procs[False][0] / procs[True][0]:.1f}x whole process, "
+          f"{procs[False][1] / procs[True][1]:.1f}x simulation")
+
     cap = capacity(["workload=sharegpt"], 2000)
     rate = round(0.9 * cap, 2)
-    summary = timed_run(["workload=sharegpt", f"workload.request_rate={rate}"], SPEED_REQUESTS)
-    wall = summary["wall_s"]
+    overrides = ["workload=sharegpt", f"workload.request_rate={rate}"]
+    runs = {ff: timed_run(overrides, SPEED_REQUESTS, ff) for ff in (True, False)}
+    fast = runs[True]
     print(f"speed: {SPEED_REQUESTS} ShareGPT-like requests, Llama-3.1-8B on H100 SXM, vllm_v1, "
-          f"{rate} req/s (90% of the {cap:.1f} req/s capacity)")
-    print(f"  wall time {wall:.2f} s = {SPEED_REQUESTS / wall:,.0f} simulated requests per wall-second "
-          f"({summary['num_steps']:,} engine steps, {summary['num_steps'] / wall:,.0f} steps/s; target <= 5 s)")
-    print(f"  CPU time {summary['cpu_s']:.2f} s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-    print(f"  simulated: {summary['duration_s']:.0f} s, {summary['output_throughput']:.0f} output tok/s, "
-          f"median TTFT {summary['median_ttft_ms']:.1f} ms, median TPOT {summary['median_tpot_ms']:.2f} ms, "
-          f"mean {summary['mean_requests_in_system']:.0f} requests in the system")
+          f"{rate} req/s (90% of the {cap:.1f} req/s capacity); target <= 1 s")
+    for ff, summary in runs.items():
+        wall = summary["wall_s"]
+        share = f", {summary['fast_forwarded_steps'] / summary['num_steps']:.0%} fast-forwarded" if ff else ""
+        print(f"  {'fast-forward' if ff else 'step by step':<13} wall {wall:.2f} s = {SPEED_REQUESTS / wall:,.0f} "
+              f"requests per wall-second ({summary['num_steps']:,} engine steps{share}; CPU {summary['cpu_s']:.2f} s)")
+    print(f"  ratio step by step / fast-forward: {runs[False]['wall_s'] / fast['wall_s']:.1f}x; load average "
+          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"  simulated: {fast['duration_s']:.0f} s, {fast['output_throughput']:.0f} output tok/s, "
+          f"median TTFT {fast['median_ttft_ms']:.1f} ms, median TPOT {fast['median_tpot_ms']:.2f} ms, "
+          f"mean {fast['mean_requests_in_system']:.0f} requests in the system")
     if args.skip_memory:
         return
 

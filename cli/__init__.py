@@ -13,7 +13,9 @@ nothing written otherwise) and exit code 130, as a shell reports SIGINT.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -100,7 +102,7 @@ def check_group_overrides(args: list[str]) -> list[str]:
     did-you-mean; returns the overrides with a GPU alias or device name written as its config
     (`hardware=h100` -> `hardware=h100_sxm`). Sweep functions (`glob(...)`) and file paths pass as given."""
     root = conf_dir()
-    checked = []
+    checked, files = [], {}
     for arg in args:
         checked.append(arg)
         if arg.startswith("-") or "=" not in arg:
@@ -111,9 +113,42 @@ def check_group_overrides(args: list[str]) -> list[str]:
         if not group.is_dir() or not value or "(" in value or "[" in value:
             continue
         choices = sorted(p.stem for p in group.glob("*.yaml"))
-        names = [_config_name(key, name, choices) for name in value.split(",")]
+        names = [_file_choice(key, name, files) or _config_name(key, name, choices) for name in value.split(",")]
         checked[-1] = f"{prefix}{key}={','.join(names)}"
+    if files:
+        checked.append(f"hydra.searchpath=[file://{_file_groups(files)}]")
     return checked
+
+
+def _file_choice(group: str, value: str, files: dict) -> str | None:
+    """A group choice given as a file (a .yaml of the group; for model also a HF config.json or its folder):
+    the name it gets in the search path _file_groups writes (None when the value is not a file)."""
+    from kernelsight.sim.compose import group_config
+
+    path = Path(value).expanduser()
+    if not ((path.suffix in (".yaml", ".json") and path.is_file()) or (path / "config.json").is_file()):
+        if path.suffix in (".yaml", ".json") or "/" in value:
+            raise KernelsightError(f"{group}={value}: no such file" + (" (nor a folder with a config.json)"
+                                                                        if group == "model" else ""))
+        return None
+    config, _ = group_config(group, str(path))
+    data = config.as_dict() if hasattr(config, "as_dict") else config  # a HF config read, or the YAML mapping
+    name = f"file-{hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]}"
+    files[(group, name)] = data
+    return name
+
+
+def _file_groups(files: dict) -> Path:
+    """A config search path holding each file choice as <group>/<name>.yaml (in the user cache)."""
+    import yaml
+
+    from kernelsight.predictor.paths import cache_dir
+
+    root = cache_dir() / "cli_configs"
+    for (group, name), data in files.items():
+        (root / group).mkdir(parents=True, exist_ok=True)
+        (root / group / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    return root
 
 
 def _config_name(group: str, name: str, choices: list[str]) -> str:
@@ -186,7 +221,8 @@ def check_composes(name: str, overrides: list[str]) -> None:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    plain = [o for o in overrides if not o.startswith("-") and not o.startswith("hydra")]
+    plain = [o for o in overrides if not o.startswith("-") and (not o.startswith("hydra") or
+                                                               o.startswith("hydra.searchpath="))]
     try:
         with initialize_config_dir(config_dir=str(Path(conf_dir()).resolve()), version_base="1.3"):
             compose(COMMANDS[name].config_name(name), overrides=plain)

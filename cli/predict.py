@@ -1,17 +1,24 @@
 """`kernelsight predict`: predicted latency of one kernel shape, or of every row of a sweep file (with errors).
 
-Config: conf/predict.yaml. The predictions come from calibrate/predictions.py.
+Config: conf/predict.yaml. The predictions come from calibrate/predictions.py. A one-kernel answer should
+come back at once, so this module imports nothing the command does not use: not the simulator's config
+helpers (cli.config imports sim/), whose container() is one OmegaConf call here.
 """
 from __future__ import annotations
 
 import sys
+
+from omegaconf import OmegaConf
 
 from kernelsight.calibrate.predictions import error_table, predict_kernel, predict_sweep
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.hardware import Hardware
 from kernelsight.predictor.outputs import TABLE_FORMATS, file_path, write_table
 
-from .config import container
+
+def container(node) -> dict:
+    """A config section as plain dicts and lists, interpolations resolved."""
+    return OmegaConf.to_container(node, resolve=True)
 
 
 def predict(cfg) -> None:

@@ -13,6 +13,8 @@ weights through a weight-only kernel: Marlin dequantises them to 16 bits in regi
 | nvfp4     | e2m1, one e4m3 scale per 16 weights        | fp4                  | bf16      |
 | mxfp4     | e2m1, one e8m0 scale per 32 weights        | fp4                  | bf16      |
 | w4a16     | int4, one bf16 scale per group of 128      | bf16                 | bf16      |
+| w4a16_mxfp4 | MXFP4 weights, 16-bit activations (Marlin) | bf16               | bf16      |
+| w4a8_mxfp4  | MXFP4 weights, MXFP8 activations           | fp8                  | bf16      |
 """
 from __future__ import annotations
 
@@ -41,6 +43,8 @@ FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
     WeightFormat("nvfp4", 0.5 + 1.0 / 16, "fp4", "bf16", 0.5 + 1.0 / 16),
     WeightFormat("mxfp4", 0.5 + 1.0 / 32, "fp4", "bf16", 0.5 + 1.0 / 32),
     WeightFormat("w4a16", 0.5 + 2.0 / 128, "bf16", "bf16", 2.0),
+    WeightFormat("w4a16_mxfp4", 0.5 + 1.0 / 32, "bf16", "bf16", 2.0),
+    WeightFormat("w4a8_mxfp4", 0.5 + 1.0 / 32, "fp8", "bf16", 1.0 + 1.0 / 32),
 )}
 # fp8 weights on a GPU without fp8 tensor cores run weight-only (Marlin), as the 4-bit formats do.
 FORMATS["fp8"] = WeightFormat("fp8", 1.0, "fp8", "bf16", 1.0)
@@ -54,7 +58,7 @@ _ALIASES = {
     "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "float8_e4m3fn": "fp8",
     "fp8_blockwise": "fp8_block", "fp8_block_scaled": "fp8_block",
     "int4_wo": "w4a16", "int4_awq": "w4a16", "int4_gptq": "w4a16", "w4a16_int4": "w4a16",
-    "w4a16_mxfp4": "mxfp4", "nvfp4_awq": "nvfp4",
+    "w4a8_mxfp4_mxfp8": "w4a8_mxfp4", "nvfp4_awq": "nvfp4",
 }
 
 

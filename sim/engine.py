@@ -29,6 +29,23 @@ turn is sent `think_time` after the previous turn finished.
 Memory is flat in the number of requests: the arrival stream is pulled one
 request at a time, and finished requests are folded into the metrics (and
 optionally handed to a recorder) and dropped.
+
+Fast-forward (fast_forward=True, the default; pipeline parallelism excluded):
+most steps decode one token for every running request and nothing else. When
+the scheduler says the coming steps are all such steps (scheduler.DecodeRun:
+no admission, chunk or preemption until a request's last token, KV blocks
+allowing), the engine advances them at once, up to the horizon: the first
+time another event could reach this scheduler (any other event; arrivals and
+follow-ups count from one frontend latency later, the least a request takes
+to reach a scheduler, when the router reads no KV state). The pricer prices
+the run's steps in one vectorised pass, each exactly as step_time would (the
+mean KV length grows by one per step), and the step times come from the
+event loop's own additions (one cumulative sum for a synchronous engine; a
+replay of this replica's WAKE and COMPLETE events under async scheduling), so
+every token time, metric and output row equals step-by-step simulation's to
+the last bit; only sums over steps may differ in their last digits. The
+run's new KV blocks, inter-token gaps, KV usage, breakdown and recorder rows
+are applied in step order, and its last steps stay in flight as real steps.
 """
 from __future__ import annotations
 
@@ -57,7 +74,8 @@ class Replica:
 
     pricer: sim/pricing.py's StepPricer or anything with step_time(batch) -> .gpu_s, .host_s;
     with a breakdown accumulator the engine calls breakdown(batch) instead, which also
-    carries "gpu_s" and "host_s".
+    carries "gpu_s" and "host_s". Runs of decode steps are fast-forwarded with a pricer that
+    also has decode_run (StepPricer).
     """
 
     def __init__(self, index: int, scheduler: Scheduler, pricer, pipeline_parallel_size: int = 1):
@@ -74,6 +92,7 @@ class Replica:
         self.wake_pending = False
         self.busy_s = 0.0         # GPU time of the steps launched (first stage for PP)
         self.in_frontend = 0      # routed here, not yet delivered to the scheduler
+        self.period = 0.0         # host + GPU time of the last decode-only step (sizes fast-forward runs)
 
     @property
     def outstanding(self) -> int:
@@ -112,7 +131,8 @@ class Engine:
     def __init__(self, replicas: list[Replica], router: str = "least_outstanding",
                  max_model_len: int | None = None, max_concurrency: int | None = None,
                  slo_ms: dict | None = None, recorder=None, breakdown=None,
-                 frontend_latency_s: float = 0.0, frontend_jitter_s: float = 0.0, seed: int = 0, progress=None):
+                 frontend_latency_s: float = 0.0, frontend_jitter_s: float = 0.0, seed: int = 0, progress=None,
+                 fast_forward: bool = True):
         if frontend_latency_s < 0 or frontend_jitter_s < 0:
             raise KernelsightError(f"frontend latency {frontend_latency_s} s and jitter {frontend_jitter_s} s "
                                    f"must be >= 0")
@@ -127,6 +147,8 @@ class Engine:
         self.recorder = recorder            # report.Recorder: per-step and per-request outputs
         self.breakdown = breakdown          # report.BreakdownAccumulator: GPU time per kernel family
         self.progress = progress            # called with the number of requests that just finished (or failed)
+        self.fast_forward = fast_forward    # advance runs of decode steps at once (_fast_forward)
+        self.fast_forwarded_steps = 0       # steps advanced that way
         self.in_system = 0          # sent and not finished
         self.max_in_system = 0
         self.area_in_system = 0.0   # integral of in_system over time
@@ -240,6 +262,9 @@ class Engine:
         if replica.host_free > t:
             self._wake(replica, replica.host_free)
             return
+        if self.fast_forward and replica.pp == 1 and hasattr(replica.pricer, "decode_run") and \
+                self._fast_forward(replica, t):
+            return
         step = replica.scheduler.schedule(t)
         if step is None:
             return
@@ -258,6 +283,8 @@ class Engine:
         replica.last_complete = end
         replica.host_free = ready
         replica.busy_s += stage
+        if not step.prefills:
+            replica.period = host + gpu
         replica.inflight.append(step)
         self._push(end, COMPLETE, step, replica)
         if len(replica.inflight) < replica.depth:
@@ -268,6 +295,199 @@ class Engine:
             self.kv_usage_max = usage
         if self.recorder is not None:
             self.recorder.step(replica, step, t, launch, end, gpu, host)
+
+    # ----- fast-forward -----
+    def _fast_forward(self, replica: Replica, t: float) -> bool:
+        """Advance a run of decode-only steps at once (scheduler.DecodeRun): the running requests decode one
+        token each per step, and nothing can change that before the run ends or before the horizon (the
+        earliest time another event could reach this scheduler). Every step is priced with
+        pricer.decode_run and timed by the event loop's own arithmetic, so the result is step-by-step
+        simulation's to the last bit; the steps still in flight at the end stay in flight as real steps.
+        Returns False (nothing changed) when no run of two or more steps can be advanced."""
+        horizon = self._horizon(replica)
+        if horizon - t <= replica.period:
+            return False    # a second step would most likely start past the horizon
+        sched, kv = replica.scheduler, replica.kv
+        run = sched.decode_run()
+        if run is None:
+            return False
+        pre = replica.inflight[0] if replica.inflight else None  # async scheduling: the step on the GPU now
+        if pre is not None and sched.finishes(pre):
+            return False
+        steps = run.steps
+        if steps < 2:
+            return False
+        block_step, block_index = run.blocks(steps, kv.block_size)
+        if len(block_step) > kv.num_free:   # the step that would find no free block preempts: step by step
+            steps = int(block_step[kv.num_free])
+            if steps < 2:
+                return False
+        guess = steps if replica.period <= 0 or math.isinf(horizon) else \
+            min(steps, int((horizon - t) / replica.period) + 2)
+        prices = replica.pricer.decode_run(run.comp + 1, guess, self.breakdown is not None)
+        if prices is None:
+            return False
+        if replica.depth == 1:
+            timeline = _sync_timeline(t, prices.host_s, prices.gpu_s, horizon)
+            if timeline[0] == guess < steps:     # the guess was short: price the whole run
+                prices = replica.pricer.decode_run(run.comp + 1, steps, self.breakdown is not None)
+                if prices is None:
+                    return False
+                timeline = _sync_timeline(t, prices.host_s, prices.gpu_s, horizon)
+            scheduled, start, launch, end = timeline
+            if scheduled < 2:
+                return False
+            done = end[:scheduled - 1]
+            inflight = [scheduled - 1]
+            replica.host_free = launch[-1]
+            replica.stage_free = replica.last_complete = end[-1]
+            pending_wake = None
+        else:
+            scheduled, start, launch, end, done, inflight, pending_wake, prices = \
+                self._async_timeline(replica, run, pre, t, horizon, steps, prices)
+        self._apply_run(replica, run, prices, scheduled, start, launch, end, done, block_step, block_index)
+        for j in inflight:
+            step = run.scheduled_step(j, sched.num_steps - scheduled + j)
+            replica.inflight.append(step)
+            self._push(end[j], COMPLETE, step, replica)
+        replica.period = prices.host_s + prices.gpu_s[scheduled - 1]
+        if pending_wake is not None:
+            self._wake(replica, pending_wake)
+        return True
+
+    def _async_timeline(self, replica: Replica, run, pre, t: float, horizon: float, steps: int, prices):
+        """The event loop's handling of this replica's WAKE and COMPLETE events under async scheduling (up
+        to two steps in flight), replayed over the run's steps until the horizon, the end of the run, or the
+        completion that finishes a request. The step in flight before the run (pre) completes as a real
+        step. Returns (steps scheduled, their schedule, launch and end times, completion times of the run's
+        completed steps, indices of its steps still in flight, the pending wake time or None, the prices);
+        the replica's host, stage and completion times are left as after them."""
+        pre_entry = None
+        if pre is not None:  # its COMPLETE event leaves the heap; it is put back if the replay ends first
+            heap = self._heap
+            i = next(i for i, e in enumerate(heap) if e[3] is pre)
+            pre_entry = heap[i]
+            heap[i] = heap[-1]
+            heap.pop()
+            heapq.heapify(heap)
+        h, gpu = prices.host_s, prices.gpu_s.tolist()
+        host_free, stage_free, last_complete = replica.host_free, replica.stage_free, replica.last_complete
+        depth = replica.depth
+        finishing = run.steps - 1   # the step whose completion finishes requests (if scheduled)
+        inflight: deque = deque([(pre_entry[0], -1)] if pre is not None else [])
+        start, launch, end, done = [], [], [], []
+        wake = t     # the WAKE being handled
+        itl = self.metrics.dist["itl"]
+        while True:
+            complete_at = inflight[0][0] if inflight else math.inf
+            if wake is not None and wake < complete_at:   # at equal times a COMPLETE goes first
+                now = wake
+                if now >= horizon:
+                    break
+                if len(inflight) >= depth:
+                    wake = None
+                    continue
+                if host_free > now:
+                    wake = host_free
+                    continue
+                j = len(start)
+                if j == steps:
+                    break
+                if j == len(gpu):  # price the rest of the run
+                    more = replica.pricer.decode_run(run.comp + 1, steps, self.breakdown is not None)
+                    if more is None:
+                        break
+                    prices, gpu = more, more.gpu_s.tolist()
+                g = gpu[j]
+                ready = now + h
+                go = max(ready, stage_free)
+                stage_free = go + g
+                finish = max(go + g, last_complete + g)
+                last_complete = finish
+                host_free = ready
+                start.append(now)
+                launch.append(go)
+                end.append(finish)
+                inflight.append((finish, j))
+                wake = ready if len(inflight) < depth else None
+            else:
+                now, j = inflight[0]
+                if now >= horizon or j == finishing:
+                    break
+                inflight.popleft()
+                if j < 0:
+                    replica.scheduler.update(pre, now, itl)   # finishes nothing (checked)
+                    replica.inflight.popleft()
+                else:
+                    done.append(now)
+                if wake is None:
+                    wake = now
+        if pre_entry is not None and replica.inflight:  # still in flight
+            heapq.heappush(self._heap, pre_entry)
+        replica.host_free, replica.stage_free, replica.last_complete = host_free, stage_free, last_complete
+        return len(start), start, launch, end, done, [j for _, j in inflight if j >= 0], wake, prices
+
+    def _apply_run(self, replica: Replica, run, prices, scheduled: int, start, launch, end, done,
+                   block_step: np.ndarray, block_index: np.ndarray) -> None:
+        """The state step-by-step simulation leaves after the run's first `scheduled` steps and the
+        completions at `done`: KV blocks, scheduler counters and token times, KV usage statistics, GPU
+        busy time, breakdown and recorder rows."""
+        sched, kv = replica.scheduler, replica.kv
+        self.fast_forwarded_steps += scheduled
+        taken = int(np.searchsorted(block_step, scheduled))   # blocks of the steps scheduled
+        reqs = run.requests
+        block_slots = run.slots[block_index[:taken]].tolist()
+        block_comp = (run.comp[block_index[:taken]] + block_step[:taken]).tolist()   # computed tokens then
+        if taken:
+            used = kv.num_used + np.searchsorted(block_step[:taken], np.arange(scheduled), side="right")
+            usage = (used / kv.num_blocks).tolist()
+        else:
+            usage = [kv.usage] * scheduled
+        gpu = prices.gpu_s[:scheduled].tolist()
+        if self.recorder is None:
+            for slot, computed in zip(block_slots, block_comp):
+                kv.append_block(reqs[slot], computed)
+        else:  # rows see each step's KV usage, as schedule() leaves it
+            first = sched.num_steps
+            b = 0
+            for j in range(scheduled):
+                while b < taken and block_step[b] == j:
+                    kv.append_block(reqs[block_slots[b]], block_comp[b])
+                    b += 1
+                self.recorder.step(replica, run.scheduled_step(j, first + j), start[j], launch[j], end[j], gpu[j],
+                                   prices.host_s)
+        sched.advance(run, scheduled, np.asarray(done, dtype=np.float64), list(dict.fromkeys(block_slots)),
+                      self.metrics.dist["itl"])
+        total = self.kv_usage_sum
+        for u in usage:
+            total += u
+        self.kv_usage_sum = total
+        self.kv_usage_max = max(self.kv_usage_max, usage[-1])
+        busy = replica.busy_s
+        for g in gpu:
+            busy += g
+        replica.busy_s = busy
+        if self.breakdown is not None:
+            self.breakdown.add_run(prices, scheduled, run.batch)
+
+    def _horizon(self, replica: Replica) -> float:
+        """The earliest time another event could change what `replica` schedules: the time of any event
+        but its own completions; arrivals and follow-ups reach a scheduler the frontend latency later
+        (when the router reads no KV state), so those count from then."""
+        lead = self.frontend_latency_s if self.frontend_latency_s > 0 and (
+            len(self.replicas) == 1 or self.router.policy != "prefix_aware") else 0.0
+        heap = self._heap
+        best = math.inf
+        stack = [0] if heap else []
+        while stack:  # the heap's nodes below `best`, pruned at the first one that is not
+            i = stack.pop()
+            t, kind, _, _, r = heap[i]
+            if t >= best:
+                continue
+            if not (kind == COMPLETE and r is replica):
+                best = min(best, t + lead if kind in (ARRIVAL, FOLLOWUP) else t)
+            stack.extend(c for c in (2 * i + 1, 2 * i + 2) if c < len(heap))
+        return best
 
     def _complete(self, replica: Replica, t: float) -> None:
         step: ScheduledStep = replica.inflight.popleft()
@@ -310,6 +530,19 @@ class Engine:
             "gpu_busy_fraction": sum(r.busy_s for r in self.replicas) / (d * len(self.replicas)) if d > 0 else 0.0,
         })
         return out
+
+
+def _sync_timeline(t: float, host: float, gpu: np.ndarray, horizon: float) -> tuple:
+    """Steps of a synchronous engine back to back from t (each formed when the last completes: launch =
+    schedule + host, end = launch + GPU), with the event loop's additions in its order (one cumulative
+    sum), up to the last step formed before the horizon: (count, schedule, launch and end times)."""
+    k = len(gpu)
+    terms = np.empty(2 * k + 1)
+    terms[0], terms[1::2], terms[2::2] = t, host, gpu
+    times = np.cumsum(terms)
+    start = times[0::2][:k]
+    count = int(np.searchsorted(start, horizon))
+    return count, start[:count].tolist(), times[1::2][:count].tolist(), times[2::2][:count].tolist()
 
 
 def build_replicas(num_replicas: int, sched_config: SchedulerConfig, num_blocks: int, make_pricer,

@@ -23,14 +23,14 @@ tokens (vLLM's num_computed_tokens) and known tokens (prompt plus outputs
 returned; only those can be hashed).
 
 Speed: a decode adds one token; while computed + 1 < request.fast_limit the
-token fits the request's blocks, allocate_slots would only cache a block the
-decode filled, and the scheduler skips the call. Such decode-filled blocks are
-cached at the request's next allocation or when it frees its blocks, not in
-the step they fill. Nobody can look them up in between: their content is the
-request's own output, which only the request itself (after a preemption, when
-its blocks were freed) or a later conversation turn (after it finished) can
-ask for. So hits and evictions are vLLM's, at one KV-manager call per 16
-decoded tokens instead of two.
+token fits the request's blocks and the scheduler makes no call. A decode
+that needs a new block takes one with append_block, which caches nothing:
+blocks filled by decodes are cached when the request frees its blocks
+(finish or preemption), not in the step they fill. Nobody can look them up
+in between: their content is the request's own output, which only the
+request itself (after a preemption, when its blocks were freed) or a later
+conversation turn (after it finished) can ask for. So hits and evictions are
+vLLM's, at one short KV-manager call per 16 decoded tokens.
 """
 from __future__ import annotations
 
@@ -87,15 +87,6 @@ class KVCacheManager:
         self._prev[n] = p
         self.num_free -= 1
 
-    def _append_free(self, block: int) -> None:
-        tail = self._tail
-        last = self._prev[tail]
-        self._next[last] = block
-        self._prev[block] = last
-        self._next[block] = tail
-        self._prev[tail] = block
-        self.num_free += 1
-
     def _pop_free(self) -> int:
         """The block at the head of the free queue, its cached hash evicted."""
         nxt = self._next
@@ -111,6 +102,29 @@ class KVCacheManager:
             self._uncache(h, block)
             self.evictions += 1
         return block
+
+    def _pop_free_blocks(self, count: int) -> list[int]:
+        """The `count` blocks at the head of the free queue (as many _pop_free calls), hashes evicted in order."""
+        nxt, head = self._next, self._head
+        out = []
+        b = nxt[head]
+        for _ in range(count):
+            out.append(b)
+            b = nxt[b]
+        nxt[head] = b
+        self._prev[b] = head
+        self.num_free -= count
+        block_hash, cached, dupes = self.block_hash, self._cached, self._dupes
+        for b in out:
+            h = block_hash[b]
+            if h is not None:
+                block_hash[b] = None
+                if h in dupes:
+                    self._uncache(h, b)
+                else:   # the only block with this hash
+                    del cached[h]
+                self.evictions += 1
+        return out
 
     def free_order(self) -> list[int]:
         """Free block ids from the next to be evicted to the last (for tests and inspection)."""
@@ -193,16 +207,29 @@ class KVCacheManager:
             if need > self.num_free:
                 return False
         if need > 0:
-            pop = self._pop_free
-            for _ in range(need):
-                b = pop()
+            new = self._pop_free_blocks(need)
+            for b in new:
                 ref[b] = 1
-                blocks.append(b)
+            blocks.extend(new)
         if self.enable_caching:
             num_full = (total if total < num_known else num_known) // bs
             if num_full > request.num_cached_blocks:
                 self._cache_full_blocks(request, num_full)
         request.fast_limit = len(blocks) * bs + 1
+        return True
+
+    def append_block(self, request: Request, num_computed: int) -> bool:
+        """Room for one decoded token after `num_computed` (the prompt's already): allocate_slots for a
+        decode, except that the full blocks the decodes filled are left for free() to cache (see the module
+        docstring). A new block only when the token starts one; False, changing nothing, when none is free."""
+        blocks = request.block_ids
+        if num_computed >= len(blocks) * self.block_size:
+            if not self.num_free:
+                return False
+            b = self._pop_free()
+            self.ref_cnt[b] = 1
+            blocks.append(b)
+        request.fast_limit = len(blocks) * self.block_size + 1
         return True
 
     def _cache_full_blocks(self, request: Request, num_full: int) -> None:
@@ -228,11 +255,19 @@ class KVCacheManager:
         """
         if self.enable_caching and num_cacheable // self.block_size > request.num_cached_blocks:
             self._cache_full_blocks(request, min(num_cacheable // self.block_size, len(request.block_ids)))
-        ref = self.ref_cnt
-        for b in reversed(request.block_ids):
+        ref, nxt, prev, tail = self.ref_cnt, self._next, self._prev, self._tail
+        last = prev[tail]
+        freed = 0
+        for b in reversed(request.block_ids):  # appended at the tail of the free queue, in this order
             ref[b] -= 1
-            if ref[b] == 0:
-                self._append_free(b)
+            if not ref[b]:
+                nxt[last] = b
+                prev[b] = last
+                last = b
+                freed += 1
+        nxt[last] = tail
+        prev[tail] = last
+        self.num_free += freed
         request.block_ids = []
         request.num_cached_blocks = 0
         request.fast_limit = 0

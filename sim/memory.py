@@ -5,7 +5,10 @@ vLLM loads the weights, runs one profile forward pass at max_num_batched_tokens
 what is left of total * gpu_memory_utilization:
 
   kv = total * util - weights - activation peak - non-torch memory - CUDA-graph memory
-  blocks = floor(kv / (block_size * layers * 2 * kv_heads_per_gpu * head_dim * kv_bytes))
+  blocks = floor(kv / (block_size * layers * rows * kv_heads_per_gpu * head_dim * kv_bytes))
+
+rows: K and V (2), or MLA's single latent row (1; head_dim = kv_lora_rank + qk_rope_head_dim, one KV
+head kept whole on every TP rank, as vLLM replicates the latent cache).
 
 total: the nominal memory (mem_gb, GiB) less the driver's reserve
 (engine memory.total_reserved_fraction). weights: parallel.weight_bytes_per_gpu.
@@ -56,9 +59,10 @@ class MemoryPlan:
 
 
 def kv_block_bytes(model: ModelConfig, engine: EngineProfile, par: ParallelConfig) -> float:
-    """Bytes of one KV block on one GPU: block_size tokens of K and V in every layer of its stage."""
+    """Bytes of one KV block on one GPU: block_size tokens of K and V (MLA: the latent row) in every layer
+    of its stage."""
     s = shard(model, par)
-    return (engine.scheduler.block_size * s.layers * 2 * s.kv_heads * model.head_dim
+    return (engine.scheduler.block_size * s.layers * model.kv_cache_rows * s.kv_heads * model.head_dim
             * dtype_bytes(model.kv_dtype))
 
 
@@ -69,7 +73,12 @@ def activation_peak_bytes(model: ModelConfig, engine: EngineProfile, par: Parall
     rows = min(engine.scheduler.max_num_seqs, tokens)
     ab = dtype_bytes(model.act_dtype)
     stream = 2 * tokens * model.hidden * ab
-    attention = tokens * ((s.heads + 2 * s.kv_heads) * model.head_dim + s.heads * model.head_dim) * ab
+    if model.mla:  # prefill's per-head q, expanded k and v, and the output
+        a = model.mla
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        attention = tokens * s.heads * (2 * qk + 2 * a.v_head_dim) * ab
+    else:
+        attention = tokens * ((s.heads + 2 * s.kv_heads) * model.head_dim + s.heads * model.head_dim) * ab
     mlp = tokens * 3 * s.intermediate * ab
     moe = 0.0
     if model.moe:

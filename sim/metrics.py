@@ -46,6 +46,7 @@ class StreamingDistribution:
         self.max = -math.inf
         self._values: list[float] = []
         self._arrays: list[np.ndarray] = []
+        self._repeated: list[tuple[np.ndarray, int]] = []
         self._pending = 0
 
     def add(self, value: float) -> None:
@@ -61,18 +62,32 @@ class StreamingDistribution:
             if self._pending >= 65_536:
                 self.flush()
 
+    def add_repeated(self, values: np.ndarray, times: int) -> None:
+        """Add each of `values` `times` times (the gaps many requests share), without the copies."""
+        if len(values) and times:
+            self._repeated.append((values, times))
+            self._pending += len(values)
+            if self._pending >= 65_536:
+                self.flush()
+
     def flush(self) -> None:
         if not self._pending:
             return
-        v = np.concatenate([np.asarray(self._values, dtype=np.float64), *self._arrays]) * self.scale
-        self._values, self._arrays, self._pending = [], [], 0
-        self._count += v.size
-        self.total += float(v.sum())
-        self.total_sq += float((v * v).sum())   # not np.dot: BLAS threads would spin
+        v = np.concatenate([np.asarray(self._values, dtype=np.float64), *self._arrays,
+                            *(r for r, _ in self._repeated)]) * self.scale
+        w = None  # how many times each value counts (None: once)
+        if self._repeated:
+            w = np.ones(len(v), dtype=np.int64)
+            w[len(v) - sum(len(r) for r, _ in self._repeated):] = np.concatenate(
+                [np.full(len(r), k, dtype=np.int64) for r, k in self._repeated])
+        self._values, self._arrays, self._repeated, self._pending = [], [], [], 0
+        self._count += v.size if w is None else int(w.sum())
+        self.total += float(v.sum() if w is None else (v * w).sum())
+        self.total_sq += float((v * v).sum() if w is None else (v * v * w).sum())   # not np.dot: BLAS would spin
         self.min = min(self.min, float(v.min()))
         self.max = max(self.max, float(v.max()))
         idx = np.floor(np.log(np.maximum(v, self.LOW) / self.LOW) / math.log(self.RATIO)).astype(np.int64)
-        self.counts += np.bincount(np.clip(idx, 0, self.NUM_BINS - 1), minlength=self.NUM_BINS)
+        self.counts += np.bincount(np.clip(idx, 0, self.NUM_BINS - 1), w, minlength=self.NUM_BINS).astype(np.int64)
 
     @property
     def count(self) -> int:

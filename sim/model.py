@@ -1,77 +1,159 @@
 """Model architectures: a typed ModelConfig from conf/model/<name>.yaml or a Hugging Face config.json.
 
-Only what decides the kernels a serving engine runs is kept: sizes, GQA, head
-dim, MLP or mixture-of-experts widths, norms, activation, sliding-window
-layers, tied embeddings and the weight / KV-cache dtypes. Architectures are
+Only what decides the kernels a serving engine runs is kept: sizes, GQA or MLA
+attention, head dim and rotary width, MLP or mixture-of-experts widths and which
+layers carry which, norms, activation, sliding-window / chunked / NoPE layers,
+tied embeddings and the weight formats / KV-cache dtype. Architectures are
 accepted by their HF `architectures` name; anything else is refused by name
-rather than approximated.
+rather than approximated. What each architecture runs per layer is its model
+graph (sim/graphs).
 
 YAML files (Hydra group `model=`) hold exactly the ModelConfig fields plus
 provenance (`hf_repo`, `hf_config`: the raw config.json under conf/model/ it
 was written from, null when none is shipped). A config.json path is parsed
 with the same rules vLLM applies: head_dim defaults to hidden/heads, float32
-checkpoints are served in bf16, `quantization_config.quant_method: fp8` and a
-ModelOpt `hf_quant_config.json` beside the file (FP8 weights, FP8 KV cache)
-set the dtypes; rope_scaling sets the longest context vLLM allows (context_limit).
+checkpoints are served in bf16, Llama-4 reads its text_config, MLA caches one
+latent row of kv_lora_rank + qk_rope_head_dim per token (vLLM's head size, one
+KV head); rope_scaling sets the longest context vLLM allows (context_limit).
+Weight formats come from the checkpoint's `quantization_config` or a ModelOpt
+`hf_quant_config.json` beside the file (sim/quantization.py); modules the
+checkpoint leaves unquantized keep 16 bits, per component (attention input
+projections, o_proj, dense MLP, routed experts, shared experts:
+`weight_formats`). Embedding, LM head, router and norms are always 16-bit.
 Every field read is type-checked: a count is an integer >= 1, never "32", true or 3.5.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from kernelsight.predictor.dtypes import FORMATS
 from kernelsight.predictor.errors import KernelsightError, did_you_mean
 from kernelsight.predictor.families.act import FLOPS_PER_OUTPUT
 from kernelsight.predictor.families.norm import KINDS as NORM_KINDS
 from kernelsight.predictor.paths import conf_dir
 
-from .schema import Spec, check, field_value
+from .hf_reader import HfReader
+from .quantization import checkpoint_formats
+from .schema import Spec, check
 
 DENSE_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Qwen2ForCausalLM",
                "Gemma2ForCausalLM", "Phi3ForCausalLM")
-MOE_ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM")
+MOE_ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "MiniMaxM2ForCausalLM", "GptOssForCausalLM",
+             "Llama4ForConditionalGeneration", "DeepseekV3ForCausalLM")
+MLA_ARCHS = ("DeepseekV3ForCausalLM",)
 SUPPORTED_ARCHS = DENSE_ARCHS + MOE_ARCHS
-WEIGHT_DTYPES = ("bf16", "fp16", "fp8")
-SLIDING_LAYERS = ("none", "all", "even")  # even: layers 0, 2, 4, ... (Gemma-2's interleaving)
+WEIGHT_DTYPES = tuple(FORMATS)
+KV_DTYPES = ("bf16", "fp16", "fp8")
+SLIDING_LAYERS = ("none", "all", "even")  # even: layers 0, 2, 4, ... (Gemma-2's and gpt-oss's interleaving)
+QK_NORMS = ("none", "head", "projection")  # RMSNorm of q and k per head (Qwen3) or over the whole projection
+SCORINGS = ("softmax", "sigmoid")
+#: Linear layers whose weight format can differ: attention input projections (q/k/v, or MLA's q_a, q_b,
+#: kv_a, kv_b), attention output (o_proj), dense MLP, routed experts, shared experts.
+COMPONENTS = ("attention", "attention_out", "mlp", "experts", "shared_experts")
 
 # HF hidden_act -> the gated activation kernel vLLM runs (act family op).
 _HF_ACTIVATIONS = {"silu": "silu_mul", "swish": "silu_mul", "gelu": "gelu_mul",
                    "gelu_pytorch_tanh": "gelu_tanh_mul", "gelu_new": "gelu_tanh_mul"}
 _HF_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "bf16"}  # fp32 checkpoints are served in bf16
+SIXTEEN_BIT = ("bf16", "fp16", "fp32")  # formats stored unquantized
 
 
 @dataclass(frozen=True)
 class MoeConfig:
-    """Mixture of experts in every layer: `experts` routed experts of width `intermediate`, `top_k` per token,
-    plus an always-on shared expert of width `shared_intermediate` (0: none)."""
+    """Mixture of experts: `experts` routed experts of width `intermediate`, `top_k` per token, scored by
+    softmax or sigmoid, plus an always-on shared expert of width `shared_intermediate` (0: none).
+    Layer i (from 0) is a MoE layer when i >= first_dense and (i + 1) is a multiple of `every`; the
+    others run the dense MLP. bias: the experts and the router carry biases (gpt-oss)."""
 
     experts: int
     top_k: int
     intermediate: int
     shared_intermediate: int = 0
+    first_dense: int = 0
+    every: int = 1
+    scoring: str = "softmax"
+    bias: bool = False
 
 
 @dataclass(frozen=True)
-class LayerKind:
-    """Layers that run identical kernels: priced once, `count` times per step."""
+class MlaConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3): queries through a q_lora_rank bottleneck (0: projected
+    straight from the hidden state), keys and values from one cached latent of kv_lora_rank plus a shared
+    rotary key of qk_rope_head_dim; per head qk_nope_head_dim + qk_rope_head_dim query/key and v_head_dim
+    value dims."""
+
+    q_lora_rank: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class ComponentFormats:
+    """Weight format of a component where it differs from the model's weight_dtype (None: weight_dtype)."""
+
+    attention: str | None = None
+    attention_out: str | None = None
+    mlp: str | None = None
+    experts: str | None = None
+    shared_experts: str | None = None
+
+    def as_dict(self) -> dict | None:
+        """The set entries, or None when every component takes weight_dtype."""
+        return {c: getattr(self, c) for c in COMPONENTS if getattr(self, c)} or None
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What sets one layer's kernels: its attention (sliding window, chunk size, RoPE) and its MLP."""
+
+    window: int
+    chunk: int
+    rope: bool
+    moe: bool
+
+
+@dataclass(frozen=True)
+class AttentionKind:
+    """Layers with identical attention: priced once, `count` times per step. window: sliding window in
+    tokens; chunk: chunked local attention (queries attend within aligned chunks of this many tokens);
+    0 = none."""
 
     name: str
     count: int
-    window: int  # sliding window in tokens, 0 = full attention
+    window: int = 0
+    chunk: int = 0
+
+
+@dataclass(frozen=True)
+class WeightPart:
+    """Parameters of one kind, whole model: stored as `dtype`, split over GPUs by `split`: 'tp' (tensor
+    parallel), 'kv' (KV heads, replicated beyond their number), 'experts' (the MoE group), 'none'
+    (replicated) or 'vocab' (the padded vocabulary over tp, embedding and LM head)."""
+
+    name: str
+    params: int
+    dtype: str
+    split: str
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """One decoder-only transformer as the serving engine sees it.
 
-    intermediate: dense MLP width (0 when every layer is MoE); head_dim is
-    explicit (Gemma-2 and Qwen3 do not use hidden/heads); weight_dtype is
-    the dtype of the linear layers (embedding, LM head, router and norms stay
-    16-bit, as in the FP8 checkpoints shipped); kv_dtype the KV-cache dtype;
-    derived_max_model_len: the context vLLM allows when rope_scaling extends
-    it beyond max_position (yarn, dynamic, linear), null otherwise.
+    intermediate: dense MLP width (0 when every layer is MoE); head_dim is explicit (Gemma-2 and Qwen3
+    do not use hidden/heads; MLA's is vLLM's head size, the latent row kv_lora_rank + qk_rope_head_dim
+    with one KV head); rotary_dim: dims RoPE rotates per head (null: all of head_dim; MLA: the
+    qk_rope_head_dim part); attention_chunk: chunked local attention on the RoPE layers (Llama-4);
+    nope_every: every nope_every-th layer (1-based) runs without RoPE and attends globally (0: none);
+    attention_sinks: one learned logit per head in the softmax (gpt-oss); weight_dtype is the format of
+    the linear layers, weight_formats the components stored otherwise (embedding, LM head, router and
+    norms are always 16-bit); kv_dtype the KV-cache dtype; derived_max_model_len: the context vLLM allows
+    when rope_scaling extends it beyond max_position (yarn, dynamic, linear), null otherwise.
     """
 
     name: str
@@ -88,7 +170,7 @@ class ModelConfig:
     tied_embeddings: bool
     norm: str
     activation: str
-    qk_norm: bool
+    qk_norm: str
     attention_bias: bool
     sandwich_norms: bool
     logit_softcap: float
@@ -97,11 +179,23 @@ class ModelConfig:
     moe: MoeConfig | None
     weight_dtype: str
     kv_dtype: str
+    rotary_dim: int | None = None
+    attention_chunk: int = 0
+    nope_every: int = 0
+    attention_sinks: bool = False
+    mla: MlaConfig | None = None
+    weight_formats: ComponentFormats = ComponentFormats()
     derived_max_model_len: int | None = None
     hf_config: str | None = None
     source: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self):
+        for name, cls in (("moe", MoeConfig), ("mla", MlaConfig)):  # the as_dict() form builds one too
+            value = getattr(self, name)
+            if isinstance(value, Mapping):
+                object.__setattr__(self, name, cls(**value))
+        if not isinstance(self.weight_formats, ComponentFormats):
+            object.__setattr__(self, "weight_formats", ComponentFormats(**(self.weight_formats or {})))
         _check_consistency(self)
 
     @property
@@ -113,38 +207,114 @@ class ModelConfig:
     # -- derived --------------------------------------------------------------
     @property
     def act_dtype(self) -> str:
-        """Activation dtype: fp16 for fp16 checkpoints, bf16 otherwise (FP8 models compute in bf16)."""
+        """Activation dtype: fp16 for fp16 checkpoints, bf16 otherwise (quantized models compute in bf16)."""
         return "fp16" if self.weight_dtype == "fp16" else "bf16"
 
-    def layer_kinds(self) -> tuple[LayerKind, ...]:
-        """Layer groups with identical attention (all linear layers are identical across layers)."""
-        if self.sliding_layers == "all":
-            return (LayerKind("sliding", self.layers, self.sliding_window),)
-        if self.sliding_layers == "even":
-            sliding = (self.layers + 1) // 2
-            return (LayerKind("sliding", sliding, self.sliding_window),
-                    LayerKind("full", self.layers - sliding, 0))
-        return (LayerKind("full", self.layers, 0),)
+    @property
+    def router_dtype(self) -> str:
+        """dtype of the router GEMM: vLLM builds MiniMax-M2's gate in fp32, every other in the activation dtype."""
+        return "fp32" if self.architecture == "MiniMaxM2ForCausalLM" else self.act_dtype
+
+    @property
+    def rope_dim(self) -> int:
+        """Dims RoPE rotates per head (MLA: the rotary key part)."""
+        if self.mla:
+            return self.mla.qk_rope_head_dim
+        return self.rotary_dim or self.head_dim
+
+    @property
+    def kv_cache_rows(self) -> int:
+        """Cached rows per token, layer and KV head: K and V, or MLA's single latent."""
+        return 1 if self.mla else 2
+
+    def weight_format(self, component: str) -> str:
+        """Format of one component's linear weights (COMPONENTS)."""
+        return getattr(self.weight_formats, component) or self.weight_dtype
+
+    def components(self) -> tuple[str, ...]:
+        """The components this model has."""
+        plan = self.layer_plan()
+        present = {"attention": True, "attention_out": True, "mlp": not all(p.moe for p in plan),
+                   "experts": any(p.moe for p in plan),
+                   "shared_experts": bool(self.moe and self.moe.shared_intermediate)}
+        return tuple(c for c in COMPONENTS if present[c])
+
+    def layer_plan(self) -> tuple[LayerSpec, ...]:
+        """Per layer, in order: its sliding window, attention chunk, RoPE and MoE (see the field docs)."""
+        plan = []
+        for i in range(self.layers):
+            sliding = self.sliding_layers == "all" or (self.sliding_layers == "even" and i % 2 == 0)
+            rope = not (self.nope_every and (i + 1) % self.nope_every == 0)
+            moe = bool(self.moe) and i >= self.moe.first_dense and (i + 1) % self.moe.every == 0
+            plan.append(LayerSpec(window=self.sliding_window if sliding else 0,
+                                  chunk=self.attention_chunk if rope else 0, rope=rope, moe=moe))
+        return tuple(plan)
+
+    @property
+    def moe_layers(self) -> int:
+        return sum(p.moe for p in self.layer_plan())
+
+    @property
+    def dense_layers(self) -> int:
+        return self.layers - self.moe_layers
+
+    @property
+    def rope_layers(self) -> int:
+        return sum(p.rope for p in self.layer_plan())
+
+    def attention_kinds(self) -> tuple[AttentionKind, ...]:
+        """Layer groups with identical attention, in order of first appearance."""
+        counts: dict[tuple[int, int], int] = {}
+        for p in self.layer_plan():
+            counts[(p.window, p.chunk)] = counts.get((p.window, p.chunk), 0) + 1
+        return tuple(AttentionKind("sliding" if w else "chunked" if c else "full", n, w, c)
+                     for (w, c), n in counts.items())
+
+    def weight_parts(self) -> tuple[WeightPart, ...]:
+        """Every parameter of the (unsharded) model, by kind, with its storage dtype and how it is split."""
+        h, hd, n_layers, ab = self.hidden, self.head_dim, self.layers, self.act_dtype
+        moe, mla = self.moe, self.mla
+        attn, attn_out = self.weight_format("attention"), self.weight_format("attention_out")
+        parts = [WeightPart("embedding", self.vocab * h, ab, "vocab"),
+                 WeightPart("lm_head", 0 if self.tied_embeddings else self.vocab * h, ab, "vocab")]
+        if mla:
+            qk = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+            q_in = mla.q_lora_rank or h
+            parts += [WeightPart("attn_q_a", n_layers * h * mla.q_lora_rank, attn, "none"),
+                      WeightPart("attn_q", n_layers * q_in * self.heads * qk, attn, "tp"),
+                      WeightPart("attn_kv_a", n_layers * h * (mla.kv_lora_rank + mla.qk_rope_head_dim), attn, "none"),
+                      WeightPart("attn_kv", n_layers * mla.kv_lora_rank * self.heads
+                                 * (mla.qk_nope_head_dim + mla.v_head_dim), attn, "tp"),
+                      WeightPart("attn_o", n_layers * self.heads * mla.v_head_dim * h, attn_out, "tp"),
+                      WeightPart("attn_norms", n_layers * (mla.q_lora_rank + mla.kv_lora_rank), ab, "none")]
+        else:
+            q, kv = self.heads * hd, self.kv_heads * hd
+            bias = (q + 2 * kv + (h if self.architecture != "Qwen2ForCausalLM" else 0)) if self.attention_bias else 0
+            qk_norm = {"none": 0, "head": 2 * hd, "projection": q + kv}[self.qk_norm]
+            if self.architecture == "Llama4ForConditionalGeneration":
+                qk_norm = 0  # an RMSNorm without weight
+            parts += [WeightPart("attn_q", n_layers * h * q, attn, "tp"),
+                      WeightPart("attn_kv", n_layers * 2 * h * kv, attn, "kv"),
+                      WeightPart("attn_o", n_layers * q * h, attn_out, "tp"),
+                      WeightPart("attn_bias", n_layers * bias, ab, "none"),
+                      WeightPart("qk_norm", n_layers * qk_norm, ab, "none")]
+        parts.append(WeightPart("attn_sinks", n_layers * self.heads if self.attention_sinks else 0, "fp32", "tp"))
+        parts.append(WeightPart("mlp", self.dense_layers * 3 * h * self.intermediate, self.weight_format("mlp"), "tp"))
+        if moe:
+            n_moe = self.moe_layers
+            parts += [WeightPart("experts", n_moe * moe.experts * 3 * h * moe.intermediate,
+                                 self.weight_format("experts"), "experts"),
+                      WeightPart("expert_bias", n_moe * moe.experts * (2 * moe.intermediate + h) if moe.bias else 0,
+                                 ab, "experts"),
+                      WeightPart("shared_experts", n_moe * 3 * h * moe.shared_intermediate,
+                                 self.weight_format("shared_experts"), "tp"),
+                      WeightPart("router", n_moe * (h + moe.bias) * moe.experts, self.router_dtype, "none")]
+        parts.append(WeightPart("norms", n_layers * h * (4 if self.sandwich_norms else 2) + h, ab, "none"))
+        return tuple(parts)
 
     def param_counts(self) -> dict[str, int]:
-        """Parameters per component of the whole (unsharded) model."""
-        h, hd, n_layers = self.hidden, self.head_dim, self.layers
-        q, kv = self.heads * hd, self.kv_heads * hd
-        bias = int(self.attention_bias)
-        moe = self.moe
-        return {
-            "embedding": self.vocab * h,
-            "lm_head": 0 if self.tied_embeddings else self.vocab * h,
-            "attn_q": n_layers * (h * q + bias * q),
-            "attn_kv": n_layers * 2 * (h * kv + bias * kv),
-            "attn_o": n_layers * q * h,
-            "qk_norm": n_layers * 2 * hd if self.qk_norm else 0,
-            "mlp": n_layers * 3 * h * self.intermediate,
-            "experts": n_layers * moe.experts * 3 * h * moe.intermediate if moe else 0,
-            "shared_experts": n_layers * 3 * h * moe.shared_intermediate if moe else 0,
-            "router": n_layers * h * moe.experts if moe else 0,
-            "norms": n_layers * h * (4 if self.sandwich_norms else 2) + h,
-        }
+        """Parameters per kind of the whole (unsharded) model."""
+        return {p.name: p.params for p in self.weight_parts()}
 
     def num_params(self) -> int:
         return sum(self.param_counts().values())
@@ -154,21 +324,21 @@ class ModelConfig:
         counts = self.param_counts()
         if not self.moe:
             return self.num_params()
-        return self.num_params() - counts["experts"] + counts["experts"] * self.moe.top_k // self.moe.experts
+        routed = counts["experts"] + counts["expert_bias"]
+        return self.num_params() - routed + routed * self.moe.top_k // self.moe.experts
 
     def as_dict(self) -> dict:
         """The YAML form (inverse of from_mapping)."""
         out = {f: getattr(self, f) for f in _FIELDS}
         out["moe"] = None if self.moe is None else dict(vars(self.moe))
+        out["mla"] = None if self.mla is None else dict(vars(self.mla))
+        out["weight_formats"] = self.weight_formats.as_dict()
         return out
 
     @classmethod
     def from_mapping(cls, data: Any, source: str = "<mapping>") -> "ModelConfig":
         """Validate a YAML mapping or a Hydra `model` node; errors name `source` and the field."""
-        values = check(data, _FIELDS, source)
-        if values["moe"] is not None:
-            values["moe"] = MoeConfig(**values["moe"])
-        return cls(**values, source=source)
+        return cls(**check(data, _FIELDS, source), source=source)
 
 
 _MOE_FIELDS = {
@@ -176,7 +346,19 @@ _MOE_FIELDS = {
     "top_k": Spec("pos"),
     "intermediate": Spec("pos"),
     "shared_intermediate": Spec("nonneg", default=0),
+    "first_dense": Spec("nonneg", default=0),
+    "every": Spec("pos", default=1),
+    "scoring": Spec("choice", default="softmax", choices=SCORINGS),
+    "bias": Spec("bool", default=False),
 }
+_MLA_FIELDS = {
+    "q_lora_rank": Spec("nonneg"),
+    "kv_lora_rank": Spec("pos"),
+    "qk_nope_head_dim": Spec("pos"),
+    "qk_rope_head_dim": Spec("pos"),
+    "v_head_dim": Spec("pos"),
+}
+_FORMAT_FIELDS = {c: Spec("choice", default=None, choices=WEIGHT_DTYPES, nullable=True) for c in COMPONENTS}
 _FIELDS = {
     "name": Spec("str"),
     "hf_repo": Spec("str"),
@@ -187,6 +369,7 @@ _FIELDS = {
     "heads": Spec("pos"),
     "kv_heads": Spec("pos"),
     "head_dim": Spec("pos"),
+    "rotary_dim": Spec("pos", nullable=True, default=None),
     "intermediate": Spec("nonneg"),
     "vocab": Spec("pos"),
     "max_position": Spec("pos"),
@@ -194,15 +377,20 @@ _FIELDS = {
     "tied_embeddings": Spec("bool"),
     "norm": Spec("choice", choices=NORM_KINDS),
     "activation": Spec("choice", choices=tuple(FLOPS_PER_OUTPUT)),
-    "qk_norm": Spec("bool"),
+    "qk_norm": Spec("choice", choices=QK_NORMS),
     "attention_bias": Spec("bool"),
+    "attention_sinks": Spec("bool", default=False),
     "sandwich_norms": Spec("bool"),
     "logit_softcap": Spec("number"),
     "sliding_window": Spec("nonneg"),
     "sliding_layers": Spec("choice", choices=SLIDING_LAYERS),
+    "attention_chunk": Spec("nonneg", default=0),
+    "nope_every": Spec("nonneg", default=0),
+    "mla": Spec("optional_section", fields=_MLA_FIELDS, default=None),
     "moe": Spec("optional_section", fields=_MOE_FIELDS),
     "weight_dtype": Spec("choice", choices=WEIGHT_DTYPES),
-    "kv_dtype": Spec("choice", choices=WEIGHT_DTYPES),
+    "weight_formats": Spec("optional_section", fields=_FORMAT_FIELDS, default=None),
+    "kv_dtype": Spec("choice", choices=KV_DTYPES),
 }
 
 
@@ -215,18 +403,56 @@ def _check_consistency(m: ModelConfig) -> None:
     if (m.sliding_window == 0) != (m.sliding_layers == "none"):
         fail("sliding_layers", f"{m.sliding_layers!r} does not agree with sliding_window = {m.sliding_window} "
                                f"(use 'none' exactly when the window is 0)")
+    if m.rotary_dim is not None and (m.rotary_dim > m.head_dim or m.rotary_dim % 2):
+        fail("rotary_dim", f"{m.rotary_dim} must be even and at most head_dim = {m.head_dim}")
+    if m.attention_chunk and m.sliding_window:
+        fail("attention_chunk", "chunked attention and a sliding window on the same model are not modelled")
+    if m.nope_every > m.layers:
+        fail("nope_every", f"{m.nope_every} exceeds layers = {m.layers}")
+    if m.mla:
+        _check_mla(m, fail)
+    elif m.architecture in MLA_ARCHS:
+        fail("mla", f"{m.architecture} runs multi-head latent attention: mla must be set")
     if m.architecture in MOE_ARCHS:
         if m.moe is None:
             fail("moe", f"{m.architecture} is a mixture-of-experts architecture: moe must be set")
-        if m.intermediate:
-            fail("intermediate", "must be 0 when every layer is MoE (the expert width is moe.intermediate)")
         if m.moe.top_k > m.moe.experts:
             fail("moe.top_k", f"{m.moe.top_k} exceeds moe.experts = {m.moe.experts}")
+        if not m.moe_layers:
+            fail("moe.first_dense", f"no layer is a MoE layer (first_dense = {m.moe.first_dense}, every = "
+                                    f"{m.moe.every}, layers = {m.layers})")
+        if bool(m.intermediate) != bool(m.dense_layers):
+            fail("intermediate", f"{m.intermediate}: must be the dense MLP width when there are dense layers "
+                                 f"({m.dense_layers} here) and 0 otherwise (the expert width is moe.intermediate)")
     else:
         if m.moe is not None:
             fail("moe", f"{m.architecture} is a dense architecture: moe must be null")
         if not m.intermediate:
             fail("intermediate", "a dense model needs an MLP width >= 1")
+    present = m.components()
+    for component in COMPONENTS:
+        if getattr(m.weight_formats, component) and component not in present:
+            fail(f"weight_formats.{component}", f"this model has no {component.replace('_', ' ')} "
+                                                f"(its components: {', '.join(present)})")
+
+
+def _check_mla(m: ModelConfig, fail) -> None:
+    """vLLM's MLA: one cached latent per token (kv_heads 1, head size kv_lora_rank + qk_rope_head_dim),
+    no per-head q/k norm, no sliding window."""
+    a = m.mla
+    if m.architecture not in MLA_ARCHS:
+        fail("mla", f"{m.architecture} does not run multi-head latent attention: mla must be null")
+    if m.kv_heads != 1:
+        fail("kv_heads", f"{m.kv_heads}: MLA caches one latent per token (vLLM's single KV head): must be 1")
+    if m.head_dim != a.kv_lora_rank + a.qk_rope_head_dim:
+        fail("head_dim", f"{m.head_dim}: MLA's cached row is mla.kv_lora_rank + mla.qk_rope_head_dim = "
+                         f"{a.kv_lora_rank + a.qk_rope_head_dim}")
+    if a.qk_rope_head_dim % 2:
+        fail("mla.qk_rope_head_dim", f"{a.qk_rope_head_dim}: RoPE rotates pairs of dims, must be even")
+    if m.rotary_dim not in (None, a.qk_rope_head_dim):
+        fail("rotary_dim", f"{m.rotary_dim}: MLA rotates mla.qk_rope_head_dim = {a.qk_rope_head_dim} dims (or null)")
+    if m.qk_norm != "none" or m.sliding_window or m.attention_chunk:
+        fail("mla", "MLA layers have no q/k norm, sliding window or chunked attention")
 
 
 # -- loading ----------------------------------------------------------------------
@@ -253,6 +479,7 @@ def load_model(name_or_path: str | Path | Mapping) -> ModelConfig:
             return load_hf_config(path)
     return load_config(ModelConfig, "model", "model", name_or_path)
 
+
 def load_hf_config(path: str | Path) -> ModelConfig:
     """ModelConfig from a Hugging Face config.json (and a ModelOpt hf_quant_config.json beside it)."""
     path = Path(path)
@@ -260,7 +487,7 @@ def load_hf_config(path: str | Path) -> ModelConfig:
     quant_path = _quant_config_path(path)
     quant = _read_json(quant_path) if quant_path.is_file() else None
     name = path.parent.name if path.name == "config.json" else path.name.removesuffix("_config.json")
-    return from_hf(config, name=name, source=str(path), modelopt=quant)
+    return from_hf(config, name=name, source=str(path), modelopt=quant, modelopt_source=str(quant_path))
 
 
 def _quant_config_path(path: Path) -> Path:
@@ -281,12 +508,14 @@ def _read_json(path: Path) -> dict:
     return data
 
 
-def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = None) -> ModelConfig:
+def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = None,
+            modelopt_source: str = "hf_quant_config.json") -> ModelConfig:
     """Apply vLLM's reading of an HF config (see the module docstring).
 
     name: a file stem like 'meta-llama--Meta-Llama-3.1-8B' (the repo id with '/' as '--') or a directory name.
+    modelopt: the ModelOpt hf_quant_config.json beside it (modelopt_source: its path, for messages).
     Every field read is type-checked (a count is an integer >= 1: not "32", not true, not 3.5) and an
-    absent or null optional field takes vLLM's default; a problem is one line naming `source` and the field.
+    absent or null optional field takes vLLM's default; a problem is one line naming the file and the field.
     """
     if not isinstance(config, Mapping):
         raise KernelsightError(f"{source}: expected a mapping of config fields, got {type(config).__name__}")
@@ -297,156 +526,256 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
     if not isinstance(arch, str) or arch not in SUPPORTED_ARCHS:
         raise KernelsightError(f"{source}: architecture {arch!r} is not supported"
                                f"{did_you_mean(str(arch), SUPPORTED_ARCHS)}; supported: {', '.join(SUPPORTED_ARCHS)}")
-    hidden, heads = _hf(config, "hidden_size", "pos", source), _hf(config, "num_attention_heads", "pos", source)
-    kv_heads = _hf(config, "num_key_value_heads", "pos", source, default=heads)
+    top = HfReader(config, source)
+    get = top
+    if arch == "Llama4ForConditionalGeneration":  # the language model's fields; dtype and quantization stay on top
+        get = top.section("text_config")
+        if get is None:
+            raise KernelsightError(f"{source}: missing field 'text_config' (the Llama-4 language model)")
+    hidden, heads = get("hidden_size", "pos"), get("num_attention_heads", "pos")
+    layers = get("num_hidden_layers", "pos")
+    mla = _hf_mla(get) if arch in MLA_ARCHS else None
+    kv_heads = 1 if mla else get("num_key_value_heads", "pos", default=heads)
     if heads % kv_heads:
-        raise KernelsightError(f"{source}: field 'num_key_value_heads' = {kv_heads}: does not divide "
-                               f"num_attention_heads = {heads} (GQA groups must be equal)")
-    head_dim = _hf(config, "head_dim", "pos", source, default=None)
-    if head_dim is None:
-        if hidden % heads:
-            raise KernelsightError(f"{source}: field 'hidden_size' = {hidden}: not divisible by num_attention_heads "
-                                   f"= {heads}, and no head_dim is given (it defaults to their quotient)")
-        head_dim = hidden // heads
-    act_key = "hidden_activation" if config.get("hidden_activation") is not None else "hidden_act"
-    act_name = _hf(config, act_key, "str", source)
+        get.fail("num_key_value_heads", f"does not divide num_attention_heads = {heads} (GQA groups must be equal)")
+    if mla:
+        head_dim = mla.kv_lora_rank + mla.qk_rope_head_dim
+    else:
+        head_dim = get("head_dim", "pos", default=None)
+        if head_dim is None:
+            if hidden % heads:
+                get.fail("hidden_size", f"not divisible by num_attention_heads = {heads}, and no head_dim is given "
+                                        f"(it defaults to their quotient)")
+            head_dim = hidden // heads
+    act_key = "hidden_activation" if get.raw("hidden_activation") is not None else "hidden_act"
+    act_name = get(act_key, "str")
     if act_name not in _HF_ACTIVATIONS:
         raise KernelsightError(f"{source}: activation {act_name!r} is not supported; "
                                f"known: {', '.join(_HF_ACTIVATIONS)}")
-    window, sliding_layers = _hf_sliding(config, arch, source)
-    moe = _hf_moe(config, arch, source)
-    weight_dtype, kv_dtype = _hf_dtypes(config, modelopt, source)
-    max_position = _hf(config, "max_position_embeddings", "pos", source)
-    derived = _hf_derived_max_len(config, max_position, source)
-    return ModelConfig(
+    window, sliding_layers = _hf_sliding(get, arch, layers)
+    moe, intermediate = _hf_moe(get, arch, layers)
+    max_position = get("max_position_embeddings", "pos")
+    derived = _hf_derived_max_len(get, max_position)
+    chunk = nope_every = 0
+    qk_norm = "head" if arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM") else "none"
+    rotary_dim = None
+    if arch == "Llama4ForConditionalGeneration":
+        chunk = get("attention_chunk_size", "nonneg", default=0)
+        nope_every = _hf_nope_every(get, layers)
+        qk_norm = "head" if get("use_qk_norm", "bool", default=False) else "none"
+    elif arch == "MiniMaxM2ForCausalLM":
+        qk_norm = "projection"  # vLLM's MiniMaxText01RMSNormTP over all heads, whatever qk_norm_type says
+        rotary_dim = get("rotary_dim", "pos", default=head_dim)
+        if rotary_dim > head_dim or rotary_dim % 2:
+            get.fail("rotary_dim", f"must be even and at most head_dim = {head_dim}")
+        rotary_dim = None if rotary_dim == head_dim else rotary_dim
+    base_dtype = _hf_torch_dtype(top if top.raw("torch_dtype") or top.raw("dtype") else get)
+    model = ModelConfig(
         name=name,
         hf_repo=name.replace("--", "/", 1),
         hf_config=None,
         architecture=arch,
         hidden=hidden,
-        layers=_hf(config, "num_hidden_layers", "pos", source),
+        layers=layers,
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
-        intermediate=0 if moe else _hf(config, "intermediate_size", "pos", source),
-        vocab=_hf(config, "vocab_size", "pos", source),
+        rotary_dim=rotary_dim,
+        intermediate=intermediate,
+        vocab=get("vocab_size", "pos"),
         max_position=max_position,
         derived_max_model_len=None if derived == max_position else derived,
-        tied_embeddings=_hf(config, "tie_word_embeddings", "bool", source, default=arch == "Gemma2ForCausalLM"),
+        tied_embeddings=get("tie_word_embeddings", "bool", default=arch == "Gemma2ForCausalLM"),
         norm="rms",
         activation=_HF_ACTIVATIONS[act_name],
-        qk_norm=arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM"),
-        attention_bias=arch == "Qwen2ForCausalLM" or _hf(config, "attention_bias", "bool", source, default=False),
+        qk_norm=qk_norm,
+        attention_bias=arch == "Qwen2ForCausalLM" or get("attention_bias", "bool", default=False),
+        attention_sinks=arch == "GptOssForCausalLM",
         sandwich_norms=arch == "Gemma2ForCausalLM",
-        logit_softcap=_hf(config, "final_logit_softcapping", "number", source, default=0.0),
+        logit_softcap=get("final_logit_softcapping", "number", default=0.0),
         sliding_window=window,
         sliding_layers=sliding_layers,
+        attention_chunk=chunk,
+        nope_every=nope_every,
+        mla=mla,
         moe=moe,
-        weight_dtype=weight_dtype,
-        kv_dtype=kv_dtype,
+        weight_dtype=base_dtype,
+        kv_dtype=base_dtype,
         source=source,
     )
+    quant = top.section("quantization_config")
+    if quant is None and modelopt is None:
+        return model
+    if modelopt is not None and not isinstance(modelopt, Mapping):
+        raise KernelsightError(f"{modelopt_source}: expected a JSON object at the top level")
+    formats, kv = checkpoint_formats(model, quant, None if modelopt is None else HfReader(modelopt, modelopt_source))
+    return _with_formats(model, formats, kv)
 
 
-_REQUIRED = object()
+def _with_formats(model: ModelConfig, formats: dict, kv: str) -> ModelConfig:
+    """The model with per-component formats: weight_dtype the largest component's, the others where they differ
+    (components the checkpoint leaves out in the activation dtype)."""
+    counts = model.param_counts()
+    size = {"attention": counts["attn_q"] + counts["attn_kv"] + counts.get("attn_q_a", 0) + counts.get("attn_kv_a", 0),
+            "attention_out": counts["attn_o"], "mlp": counts["mlp"], "experts": counts.get("experts", 0),
+            "shared_experts": counts.get("shared_experts", 0)}
+    full = {c: formats.get(c, model.act_dtype) for c in model.components()}
+    main = full[max(full, key=lambda c: size[c])]
+    others = {c: f for c, f in full.items() if f != main}
+    return replace(model, weight_dtype=main, weight_formats=ComponentFormats(**others), kv_dtype=kv)
 
 
-def _hf(config: Mapping, key: str, kind: str, source: str, default: Any = _REQUIRED, prefix: str = "") -> Any:
-    """config[key] checked as a schema Spec kind ('pos', 'nonneg', 'number', 'positive', 'bool', 'str');
-    absent or null gives `default` (vLLM reads null as unset), or 'missing field' when it is required.
-    prefix: the enclosing section in messages ('rope_scaling.')."""
-    value = config.get(key)
-    if value is None:
-        if default is _REQUIRED:
-            raise KernelsightError(f"{source}: missing field {prefix + key!r}")
-        return default
-    return field_value(value, Spec(kind), source, prefix + key)
 
-
-def _section(config: Mapping, key: str, source: str) -> Mapping | None:
-    """A nested mapping (quantization_config, rope_scaling), or None when absent or null."""
-    value = config.get(key)
-    if value is not None and not isinstance(value, Mapping):
-        raise KernelsightError(f"{source}: field {key!r} = {value!r}: must be a mapping or null")
-    return value or None
+def _hf_torch_dtype(get: HfReader) -> str:
+    key = "torch_dtype" if get.raw("torch_dtype") is not None else "dtype"
+    torch_dtype = get(key, "str", default="bfloat16")
+    if torch_dtype not in _HF_DTYPES:
+        raise KernelsightError(f"{get.source}: {get.prefix}{key} {torch_dtype!r} is not supported; "
+                               f"known: {', '.join(_HF_DTYPES)}")
+    return _HF_DTYPES[torch_dtype]
 
 
 # rope_scaling types whose max_position_embeddings already is the scaled context: vLLM leaves it as is.
 _ROPE_UNSCALED = ("llama3", "longrope", "su")
 
 
-def _hf_derived_max_len(config: Mapping, max_position: int, source: str) -> int:
+def _hf_derived_max_len(get: HfReader, max_position: int) -> int:
     """vLLM's derived max_model_len (ModelConfig._get_and_verify_max_len), for the architectures supported
     here: max_position_embeddings, times rope_scaling.factor for the rope types vLLM stretches (all but
     llama3 / longrope / su, whose max_position_embeddings is already the long context); yarn scales
     original_max_position_embeddings instead. The other length keys vLLM also considers (n_positions,
     seq_length, model_max_length, ...) are not used by these architectures."""
-    rope = _section(config, "rope_scaling", source)
+    rope = get.section("rope_scaling")
     if rope is None:
         return max_position
-    key = "type" if rope.get("rope_type") is None and rope.get("type") is not None else "rope_type"
-    rope_type = _hf(rope, key, "str", source, prefix="rope_scaling.")
+    key = "type" if rope.raw("rope_type") is None and rope.raw("type") is not None else "rope_type"
+    rope_type = rope(key, "str")
     if rope_type in _ROPE_UNSCALED:
         return max_position
-    factor = _hf(rope, "factor", "positive", source, default=1.0, prefix="rope_scaling.")
+    factor = rope("factor", "positive", default=1.0)
     base = max_position
     if rope_type == "yarn":
-        base = _hf(rope, "original_max_position_embeddings", "pos", source, prefix="rope_scaling.")
+        base = rope("original_max_position_embeddings", "pos")
     return int(base * factor)
 
 
-def _hf_sliding(config: Mapping, arch: str, source: str) -> tuple[int, str]:
-    window = _hf(config, "sliding_window", "nonneg", source, default=0)
+_LAYER_TYPES = {"sliding_attention": True, "full_attention": False}
+
+
+def _hf_sliding(get: HfReader, arch: str, layers: int) -> tuple[int, str]:
+    window = get("sliding_window", "nonneg", default=0)
     if arch == "Gemma2ForCausalLM":
         return (window or 4096), "even"
     if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
-        if _hf(config, "use_sliding_window", "bool", source, default=False):
-            raise KernelsightError(f"{source}: use_sliding_window = true (sliding window from max_window_layers on) "
-                                   f"is not supported")
+        if get("use_sliding_window", "bool", default=False):
+            raise KernelsightError(f"{get.source}: use_sliding_window = true (sliding window from max_window_layers "
+                                   f"on) is not supported")
         return 0, "none"
-    if arch == "LlamaForCausalLM":
-        return 0, "none"
+    if arch in ("LlamaForCausalLM", "MiniMaxM2ForCausalLM", "Llama4ForConditionalGeneration",
+                "DeepseekV3ForCausalLM"):
+        return 0, "none"  # vLLM passes these no window (MiniMax-M2's attention takes none from its config)
+    if arch == "GptOssForCausalLM":
+        types = get.raw("layer_types")
+        if types is None:  # transformers' default: sliding on even layers
+            types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+        sliding = _hf_layer_types(get, types, layers)
+        pattern = ("none" if not any(sliding) else "all" if all(sliding)
+                   else "even" if sliding == [i % 2 == 0 for i in range(layers)] else None)
+        if pattern is None:
+            at = [i for i, x in enumerate(sliding) if x]
+            raise KernelsightError(f"{get.source}: field {get.prefix + 'layer_types'!r}: sliding_attention on layers "
+                                   f"{at[:6]}{'...' if len(at) > 6 else ''}; sliding layers are modelled on every "
+                                   f"layer, on the even layers or on none")
+        if pattern != "none" and not window:
+            get.fail("sliding_window", "sliding_attention layers need a window >= 1")
+        return (window, pattern) if pattern != "none" else (0, "none")
     return window, ("all" if window else "none")
 
 
-def _hf_moe(config: Mapping, arch: str, source: str) -> MoeConfig | None:
-    if arch == "MixtralForCausalLM":
+def _hf_layer_types(get: HfReader, types: Any, layers: int) -> list[bool]:
+    """layer_types: one 'sliding_attention' or 'full_attention' per layer -> sliding per layer."""
+    if isinstance(types, str) or not isinstance(types, (list, tuple)):
+        get.fail("layer_types", "must be a list with one attention type per layer")
+    if len(types) != layers:
+        raise KernelsightError(f"{get.source}: field {get.prefix + 'layer_types'!r} has {len(types)} entries, "
+                               f"num_hidden_layers = {layers}: one attention type per layer")
+    bad = [t for t in types if t not in _LAYER_TYPES]
+    if bad:
+        raise KernelsightError(f"{get.source}: field {get.prefix + 'layer_types'!r}: entry {bad[0]!r} is not one of "
+                               f"{', '.join(_LAYER_TYPES)}")
+    return [_LAYER_TYPES[t] for t in types]
+
+
+def _hf_nope_every(get: HfReader, layers: int) -> int:
+    """Llama-4's no_rope_layers (1: RoPE, 0: NoPE, per layer; transformers' default: NoPE on every 4th)
+    as the period of its NoPE layers."""
+    flags = get.raw("no_rope_layers")
+    if not flags:
+        interval = get("no_rope_layer_interval", "pos", default=4)
+        flags = [int((i + 1) % interval != 0) for i in range(layers)]
+    if isinstance(flags, str) or not isinstance(flags, (list, tuple)) or len(flags) != layers or \
+            any(x not in (0, 1) or isinstance(x, float) for x in flags):
+        get.fail("no_rope_layers", f"must be a list of {layers} entries 0 (NoPE) or 1 (RoPE), one per layer")
+    nope = [i for i, x in enumerate(flags) if x == 0]
+    if not nope:
+        return 0
+    every = nope[0] + 1
+    if nope != [i for i in range(layers) if (i + 1) % every == 0]:
+        get.fail("no_rope_layers", "NoPE layers are modelled every n-th layer only")
+    return every
+
+
+def _hf_mla(get: HfReader) -> MlaConfig:
+    mla = MlaConfig(q_lora_rank=get("q_lora_rank", "pos", default=0), kv_lora_rank=get("kv_lora_rank", "pos"),
+                    qk_nope_head_dim=get("qk_nope_head_dim", "pos"), qk_rope_head_dim=get("qk_rope_head_dim", "pos"),
+                    v_head_dim=get("v_head_dim", "pos"))
+    if mla.qk_rope_head_dim % 2:
+        get.fail("qk_rope_head_dim", "RoPE rotates pairs of dims: must be even")
+    kv_heads = get("num_key_value_heads", "pos", default=None)
+    if kv_heads is not None and kv_heads != get("num_attention_heads", "pos"):
+        get.fail("num_key_value_heads", "MLA derives every head's key and value from one latent: must equal "
+                                        "num_attention_heads")
+    return mla
+
+
+def _hf_moe(get: HfReader, arch: str, layers: int) -> tuple[MoeConfig | None, int]:
+    """(the MoE config, the dense MLP width) of a config."""
+    if arch in DENSE_ARCHS:
+        return None, get("intermediate_size", "pos")
+    intermediate = 0
+    moe: dict[str, Any] = {}
+    if arch in ("MixtralForCausalLM", "MiniMaxM2ForCausalLM", "GptOssForCausalLM"):
         experts_key, width_key = "num_local_experts", "intermediate_size"
+        if arch == "MiniMaxM2ForCausalLM":
+            moe["scoring"] = get("scoring_func", "str", default="softmax")
+        moe["bias"] = arch == "GptOssForCausalLM"
     elif arch == "Qwen3MoeForCausalLM":
-        if config.get("mlp_only_layers") or _hf(config, "decoder_sparse_step", "pos", source, default=1) != 1:
-            raise KernelsightError(f"{source}: dense layers inside a MoE stack (mlp_only_layers / "
+        if get.raw("mlp_only_layers") or get("decoder_sparse_step", "pos", default=1) != 1:
+            raise KernelsightError(f"{get.source}: dense layers inside a MoE stack (mlp_only_layers / "
                                    f"decoder_sparse_step) are not supported")
         experts_key, width_key = "num_experts", "moe_intermediate_size"
-    else:
-        return None
-    experts, top_k = _hf(config, experts_key, "pos", source), _hf(config, "num_experts_per_tok", "pos", source)
+    elif arch == "Llama4ForConditionalGeneration":
+        experts_key, width_key = "num_local_experts", "intermediate_size"
+        moe["shared_intermediate"] = get("intermediate_size", "pos")  # one shared expert as wide as a routed one
+        moe["every"] = get("interleave_moe_layer_step", "pos", default=1)
+        moe["scoring"] = "sigmoid"
+        if moe["every"] > 1:
+            intermediate = get("intermediate_size_mlp", "pos")
+    else:  # DeepseekV3ForCausalLM
+        experts_key, width_key = "n_routed_experts", "moe_intermediate_size"
+        width = get(width_key, "pos")
+        moe["shared_intermediate"] = get("n_shared_experts", "nonneg", default=0) * width
+        moe["first_dense"] = get("first_k_dense_replace", "nonneg", default=0)
+        moe["scoring"] = get("scoring_func", "str", default="softmax")
+        if get("moe_layer_freq", "pos", default=1) != 1:
+            get.fail("moe_layer_freq", "MoE layers are modelled on every layer after first_k_dense_replace")
+        if moe["first_dense"] > layers:
+            get.fail("first_k_dense_replace", f"exceeds num_hidden_layers = {layers}")
+        if moe["first_dense"]:
+            intermediate = get("intermediate_size", "pos")
+    experts, top_k = get(experts_key, "pos"), get("num_experts_per_tok", "pos")
     if top_k > experts:
-        raise KernelsightError(f"{source}: field 'num_experts_per_tok' = {top_k}: exceeds {experts_key} = {experts}")
-    return MoeConfig(experts=experts, top_k=top_k, intermediate=_hf(config, width_key, "pos", source))
-
-
-def _hf_dtypes(config: Mapping, modelopt: Mapping | None, source: str) -> tuple[str, str]:
-    key = "torch_dtype" if config.get("torch_dtype") is not None else "dtype"
-    torch_dtype = _hf(config, key, "str", source, default="bfloat16")
-    if torch_dtype not in _HF_DTYPES:
-        raise KernelsightError(f"{source}: {key} {torch_dtype!r} is not supported; known: {', '.join(_HF_DTYPES)}")
-    weight = kv = _HF_DTYPES[torch_dtype]
-    quant = _section(config, "quantization_config", source)
-    if quant:
-        method = quant.get("quant_method")
-        if method != "fp8":
-            raise KernelsightError(f"{source}: quantization_config.quant_method {method!r} is not supported "
-                                   f"(supported: fp8)")
-        weight = "fp8"
-    if modelopt:
-        quantization = _section(modelopt, "quantization", f"{source}: hf_quant_config") or {}
-        algo = quantization.get("quant_algo")
-        if algo != "FP8":
-            raise KernelsightError(f"{source}: hf_quant_config quant_algo {algo!r} is not supported (supported: FP8)")
-        weight = "fp8"
-        kv_algo = quantization.get("kv_cache_quant_algo")
-        if kv_algo not in (None, "FP8"):
-            raise KernelsightError(f"{source}: hf_quant_config kv_cache_quant_algo {kv_algo!r} is not supported")
-        if kv_algo == "FP8":
-            kv = "fp8"
-    return weight, kv
+        get.fail("num_experts_per_tok", f"exceeds {experts_key} = {experts}")
+    if moe.get("scoring", "softmax") not in SCORINGS:
+        get.fail("scoring_func", f"must be one of {', '.join(SCORINGS)}")
+    return MoeConfig(experts=experts, top_k=top_k, intermediate=get(width_key, "pos"), **moe), intermediate

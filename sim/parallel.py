@@ -31,7 +31,7 @@ from kernelsight.predictor.errors import KernelsightError, did_you_mean, whole_n
 from kernelsight.predictor.families.collectives import LINKS
 from kernelsight.predictor.hardware import NET_GBS_PER_GPU
 
-from .model import ModelConfig
+from .model import SIXTEEN_BIT, ModelConfig
 from .schema import Spec, check, load_config
 
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE for VocabParallelEmbedding / ParallelLMHead
@@ -168,17 +168,21 @@ def shard(model: ModelConfig, par: ParallelConfig) -> Shard:
 def weight_bytes_per_gpu(model: ModelConfig, par: ParallelConfig) -> float:
     """Bytes of weights on the most loaded GPU (largest pipeline stage, with the embedding or LM head).
 
-    Linear layers are stored in model.weight_dtype; embedding, LM head, norms
-    and router in the activation dtype (the FP8 checkpoints keep them 16-bit).
+    Every part of model.weight_parts() in its own dtype (a component's weight format, scales included;
+    embedding, LM head, router and norms 16-bit), split as vLLM shards it: tensor-parallel parts over tp,
+    KV projections over the KV heads each GPU keeps, routed experts over the MoE group, replicated parts
+    (MLA's q_a / kv_a projections, router, norms) whole. MLA with quantized attention also keeps vLLM's
+    16-bit copy of kv_b_proj's per-head up-projections (W_UK, W_UV) for its absorbed decode. Layers are
+    averaged over the stages (dense and MoE layers alike).
     """
     s = shard(model, par)
-    counts = model.param_counts()
-    n_layers, h = model.layers, model.hidden
-    wb, ab = dtype_bytes(model.weight_dtype), dtype_bytes(model.act_dtype)
-    sharded = counts["attn_q"] + counts["attn_o"] + counts["mlp"] + counts["shared_experts"]
-    per_layer = (wb * (sharded / par.tp + counts["experts"] / par.moe_group
-                       + counts["attn_kv"] * s.kv_heads / model.kv_heads)
-                 + ab * (counts["qk_norm"] + counts["router"] + counts["norms"] - h)) / n_layers
+    n_layers, h, ab = model.layers, model.hidden, dtype_bytes(model.act_dtype)
+    divisor = {"tp": par.tp, "kv": model.kv_heads / s.kv_heads, "experts": par.moe_group, "none": 1}
+    layered = sum(p.params * dtype_bytes(p.dtype) / divisor[p.split] for p in model.weight_parts()
+                  if p.split != "vocab") - ab * h  # the final norm sits with the LM head
+    if model.mla and model.weight_format("attention") not in SIXTEEN_BIT:
+        layered += ab * model.param_counts()["attn_kv"] / par.tp
+    per_layer = layered / n_layers
     table = ab * s.vocab * h  # one embedding or LM-head shard
     first = table
     last = (0 if model.tied_embeddings and par.pp == 1 else table) + ab * h

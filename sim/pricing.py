@@ -5,7 +5,8 @@ simulator prices ~20k steps for 10k requests within a few seconds. So the price 
 assembled from memoised components, each built with ONE vectorised predictor call per family
 from the same graph code that lists a step's kernels (graph.py):
   - token-wise kernels (GEMMs, norms, RoPE, KV write, activation, MoE, collectives): a table over
-    every token count 1..max(max_num_batched_tokens, largest CUDA-graph size), exact;
+    every token count 1..max(max_num_batched_tokens, largest CUDA-graph size), exact, priced in blocks
+    of TOKEN_BLOCK counts as steps first need them;
   - LM head, logits gather and sampling: a table over the sampled rows 1..max_num_seqs, exact;
   - decode attention of n decodes at mean KV length L: per n (built on first use), a table over a
     geometric L grid (16 points per octave), interpolated linearly in L;
@@ -44,9 +45,9 @@ from kernelsight.predictor.families.attention import Q_TILE
 
 from .batch import StepBatch
 from .engine_profile import EngineProfile
-from .graph import (KernelCall, decode_columns, decode_mean_kv, flat_attention_kernels, flat_kv_tokens,
-                    prefill_columns, sampled_kernels, step_kernels, token_kernels)
-from .model import ModelConfig
+from .graph import (KernelCall, chunk_rows, decode_call, decode_mean_kv, flat_attention_kernels, flat_kv_tokens,
+                    prefill_call, sampled_kernels, step_kernels, token_kernels)
+from .model import AttentionKind, ModelConfig
 from .parallel import ParallelConfig, shard
 from .vllm_allreduce import MeasuredAllReduce, measured_allreduce
 
@@ -54,6 +55,7 @@ DECODE_POINTS_PER_OCTAVE = 16
 PREFIX_POINTS_PER_OCTAVE = 8
 FLAT_KV_LIMIT = 1 << 24  # flat masked attention: KV tokens of a whole batch tabulated up to this (exact beyond)
 US = 1e-6
+TOKEN_BLOCK = 512  # token counts of the token-wise table priced per predictor call
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,23 @@ class StepTime:
     gpu_s: float
     host_s: float
     total_s: float
+
+
+@dataclass(frozen=True)
+class DecodeRun:
+    """Prices of consecutive decode-only steps of the same sequences (StepPricer.decode_run), per step.
+
+    The breakdown parts: `families` (family, seconds) is every step's token-wise, LM-head and sampler
+    kernels; `attention_s` its decode attention; `launch_s` its GPU time waiting on launches;
+    `decode_phase_s` its GPU time, all of it decode phase.
+    """
+
+    gpu_s: np.ndarray
+    host_s: float
+    families: tuple = ()                 # the breakdown parts: only when asked for
+    attention_s: np.ndarray | None = None
+    launch_s: np.ndarray | None = None
+    decode_phase_s: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -83,30 +102,38 @@ class StepPricer:
     def __init__(self, model: ModelConfig, hw, engine: EngineProfile, parallel: ParallelConfig, predictor):
         self.model, self.hw, self.engine, self.parallel, self.predictor = model, hw, engine, parallel, predictor
         self.shard = shard(model, parallel)
-        self.kinds = model.layer_kinds()
+        self.kinds = model.attention_kinds()
         self.measured_allreduce = _measured_allreduce(engine, hw, parallel, getattr(predictor, "tier", "auto"))
         graph = engine.cuda_graph
         self.max_tokens = max(engine.scheduler.max_num_batched_tokens, graph.max_size)
         token_calls = token_kernels(model, parallel, engine, np.arange(1, self.max_tokens + 1), self.shard)
         sampled_calls = sampled_kernels(model, parallel, np.arange(1, engine.scheduler.max_num_seqs + 1), self.shard)
         self.families = list(dict.fromkeys(c.family for c in token_calls + sampled_calls))
-        self._tok = self._table(token_calls)
-        self._tok_total = [0.0, *self._tok.sum(axis=0)[1:].tolist()]
+        # Token-wise table: priced in blocks of TOKEN_BLOCK token counts as steps first need them (a run
+        # touches few sizes; every row is priced on its own, so a block equals that part of the whole table).
+        self._tok = np.zeros((len(self.families), self.max_tokens + 1))
+        self._tok_total: list = [0.0, *[None] * self.max_tokens]  # None: its block is not priced yet
         self._smp = self._table(sampled_calls)
         self._smp_total = [0.0, *self._smp.sum(axis=0)[1:].tolist()]
         self._tok_rows: dict[int, tuple] = {}  # per size: breakdown rows of the tables, built on use
         self._smp_rows: dict[int, tuple] = {}
+        self._fixed: dict[tuple, dict] = {}    # (tokens, sampled rows) -> seconds per family, built on use
+        self._decode_steps: dict[int, tuple] = {}  # decodes -> what their decode-only steps share, built on use
         self._smp_launches = len(sampled_kernels(model, parallel, 1, self.shard))
         self._tok_launches = sum(c.count for c in token_kernels(model, parallel, engine, 1, self.shard))
         self._kv_grid = _geometric_grid(2 * model.max_position, DECODE_POINTS_PER_OCTAVE)
+        self._kv_grid_array = np.asarray(self._kv_grid)
         self._decode = [dict() for _ in self.kinds]  # per kind: n -> seconds on _kv_grid (one launch)
         self._new_grid = _tile_grid(self.max_tokens, Q_TILE)
         self._prefix_grid = [0, *_geometric_grid(2 * model.max_position, PREFIX_POINTS_PER_OCTAVE)]
         self._prefill = [None] * len(self.kinds)  # per kind: new x prefix table (one launch), built on use
         self.flat = engine.attention.layout == "flat_masked"
         self._flat_grid = _geometric_grid(FLAT_KV_LIMIT, DECODE_POINTS_PER_OCTAVE)
-        self._flat: dict[int, tuple] = {}  # query tokens -> (KV grid, step seconds), built on use
-        self._flat_launches = sum(c.count for c in flat_attention_kernels(model, self.shard, 1, 1))
+        self._flat: dict[int, tuple] = {}  # query tokens -> KV grid and step seconds, built on use
+        self._flat_launches = sum(c.count for c in flat_attention_kernels(model, self.shard, 1, 1)) if self.flat else 0
+        # families that price prefill and decode attention (MLA's modules, or FlashAttention and paged decode)
+        self.attention_families = ("attn_prefill", "attn_decode") if self.flat else (
+            self._prefill_call(0, [1], [0]).family, self._decode_call(0, 1, 1).family)
 
     # -- public API ---------------------------------------------------------------------
     def step_time(self, batch: StepBatch, exact: bool = False) -> StepTime:
@@ -118,7 +145,7 @@ class StepPricer:
             kernel_s = sum(k.total_s for k in self.kernels(batch))
         else:
             try:  # the tables end at the scheduler's limits; checked here, off the step loop's path
-                kernel_s = self._tok_total[run_tokens] + self._smp_total[batch.num_sampled]
+                kernel_s = self._token_s(run_tokens) + self._smp_total[batch.num_sampled]
             except IndexError:
                 sched = self.engine.scheduler
                 raise KernelsightError(f"a step of {batch.num_tokens} tokens and {batch.num_sampled} sampled "
@@ -141,18 +168,15 @@ class StepPricer:
         prefill_share = batch.num_prefill_tokens / run_tokens
         sampled_share = batch.prefill_sampled / batch.num_sampled if batch.num_sampled else 0.0
         family, phase = out["family"], out["phase"]
-        for name, seconds in self._row(self._tok, self._tok_rows, run_tokens):
-            family[name] = seconds
-        for name, seconds in self._row(self._smp, self._smp_rows, batch.num_sampled):
-            family[name] = family.get(name, 0.0) + seconds
-        tok, smp = self._tok_total[run_tokens], self._smp_total[batch.num_sampled]
+        tok, smp = self._token_s(run_tokens), self._smp_total[batch.num_sampled]
+        family.update(self._fixed_families(run_tokens, batch.num_sampled))
         phase["prefill"] += tok * prefill_share + smp * sampled_share
         phase["decode"] += tok * (1 - prefill_share) + smp * (1 - sampled_share)
         prefill_s, decode_s = self._attention(batch)
-        for name, seconds in (("attn_prefill", prefill_s), ("attn_decode", decode_s)):
+        for name, part, seconds in zip(self.attention_families, ("prefill", "decode"), (prefill_s, decode_s)):
             if seconds:
                 family[name] = family.get(name, 0.0) + seconds
-                phase[name.removeprefix("attn_")] += seconds
+                phase[part] += seconds
         kernel_s = sum(family.values())
         t = self._finish(batch, mode, kernel_s)
         launch = t.gpu_s - kernel_s
@@ -173,7 +197,84 @@ class StepPricer:
             return []
         return step_kernels(self.model, batch, self.parallel, self.engine, padded_tokens=self._graph_mode(batch)[1])
 
+    def decode_run(self, decode_ctx: np.ndarray, steps: int, breakdown: bool = False) -> DecodeRun | None:
+        """Prices of `steps` decode-only steps of the same sequences, step j decoding each at decode_ctx + j:
+        per step what step_time (breakdown=False) or breakdown() (True) gives its batch, to the last bit,
+        from the same tables in one vectorised pass (the simulator's fast-forward). None when a step's KV
+        length lies beyond the tables (those steps are priced exactly, one by one)."""
+        n = len(decode_ctx)
+        floor_s, host_s, families, families_s, tables_s = self._decode_fixed(n)
+        step = np.arange(steps)
+        if self.flat:  # one flat attention per step; its KV tokens grow by one per sequence and step
+            kv = int(decode_ctx.sum()) + n * step
+            if kv[-1] >= self._flat_grid[-1]:
+                return None
+            attention = _lerp_array(*self._flat_table(n)[2:], kv)
+        else:
+            attention = 0.0
+            for i, kind in enumerate(self.kinds):
+                mean = _decode_mean_kv_run(decode_ctx, kind, step)
+                if mean[-1] > self._kv_grid[-1]:
+                    return None
+                attention = attention + kind.count * _lerp_array(self._kv_grid_array, self._decode_table(i, n)[1],
+                                                                 mean)
+        # breakdown() sums its family dict; step_time the two table totals, then the attention
+        kernel = (families_s if breakdown else tables_s) + attention
+        gpu = np.maximum(kernel, floor_s)
+        if not breakdown:
+            return DecodeRun(gpu, host_s)
+        launch = gpu - kernel
+        phase = tables_s + attention  # breakdown's decode phase: the whole step, launch waiting included
+        bound = launch > 0
+        if bound.any():
+            phase[bound] += launch[bound] * phase[bound] / kernel[bound]
+            launch[~bound] = 0.0
+        else:
+            launch[:] = 0.0
+        return DecodeRun(gpu, host_s, families, attention, launch, phase)
+
+    def _decode_fixed(self, n: int) -> tuple:
+        """What every decode-only step of n sequences shares, whatever their KV lengths: (launch-bound GPU
+        seconds, host seconds, breakdown's (family, seconds) rows without attention and their sum, step_time's
+        table total); memoised per n."""
+        fixed = self._decode_steps.get(n)
+        if fixed is None:
+            batch = StepBatch(decode_ctx=(1,) * n)
+            mode, run_tokens = self._graph_mode(batch)
+            floor = self._finish(batch, mode, 0.0)
+            families = tuple(self._fixed_families(run_tokens, n).items())
+            fixed = self._decode_steps[n] = (floor.gpu_s, floor.host_s, families, sum(s for _, s in families),
+                                             self._token_s(run_tokens) + self._smp_total[n])
+        return fixed
+
     # -- assembly -------------------------------------------------------------------------
+    def _token_s(self, tokens: int) -> float:
+        """Seconds of the token-wise kernels of a step that runs `tokens` tokens (its table block priced
+        on first use)."""
+        total = self._tok_total[tokens]
+        if total is None:
+            start = (tokens - 1) // TOKEN_BLOCK * TOKEN_BLOCK + 1
+            stop = min(start + TOKEN_BLOCK, self.max_tokens + 1)
+            calls = token_kernels(self.model, self.parallel, self.engine, np.arange(start, stop), self.shard)
+            block = self._table(calls)[:, 1:]
+            self._tok[:, start:stop] = block
+            self._tok_total[start:stop] = block.sum(axis=0).tolist()
+            total = self._tok_total[tokens]
+        return total
+
+    def _fixed_families(self, run_tokens: int, sampled: int) -> dict:
+        """Seconds per family of the kernels that depend on the token count and sampled rows only, in
+        breakdown()'s order (token-wise families, then the LM head's and sampler's added); memoised, not
+        to be changed."""
+        family = self._fixed.get((run_tokens, sampled))
+        if family is None:
+            self._token_s(run_tokens)
+            family = dict(self._row(self._tok, self._tok_rows, run_tokens))
+            for name, seconds in self._row(self._smp, self._smp_rows, sampled):
+                family[name] = family.get(name, 0.0) + seconds
+            self._fixed[(run_tokens, sampled)] = family
+        return family
+
     def _row(self, table: np.ndarray, cache: dict, size: int) -> tuple:
         """(family, seconds) of the non-zero entries of one table column, memoised per size."""
         row = cache.get(size)
@@ -224,33 +325,44 @@ class StepPricer:
         prefill = decode = 0.0
         for i, kind in enumerate(self.kinds):
             if batch.prefill_new:
-                prefill += kind.count * sum(self._prefill_seconds(i, n, c)
-                                            for n, c in zip(batch.prefill_new, batch.prefill_ctx))
+                rows = chunk_rows(batch.prefill_new, batch.prefill_ctx, kind.chunk)
+                prefill += kind.count * sum(self._prefill_seconds(i, n, c) for n, c in zip(*rows))
             if batch.decode_ctx:
                 decode += kind.count * self._decode_seconds(i, len(batch.decode_ctx),
-                                                            decode_mean_kv(batch.decode_ctx, kind.window))
+                                                            decode_mean_kv(batch.decode_ctx, kind))
         return prefill, decode
 
     def _decode_seconds(self, kind: int, n: int, mean_kv: int) -> float:
         grid = self._kv_grid
         if mean_kv > grid[-1]:
-            return self._exact(KernelCall("attn_decode", "attn_decode", self._decode_cols(kind, n, mean_kv), 1))
-        values = self._decode[kind].get(n)
-        if values is None:
-            call = KernelCall("attn_decode", "attn_decode", self._decode_cols(kind, n, np.asarray(grid)), 1)
-            values = self._decode[kind][n] = self._price([call])[0].tolist()
-        return _lerp(grid, values, mean_kv)
+            return self._exact(self._decode_call(kind, n, mean_kv))
+        return _lerp(grid, self._decode_table(kind, n)[0], mean_kv)
+
+    def _decode_table(self, kind: int, n: int) -> tuple[list[float], np.ndarray]:
+        """Decode attention of n sequences (one launch) at each KV length of the grid, as a list and an
+        array, built on first use."""
+        table = self._decode[kind].get(n)
+        if table is None:
+            values = self._price([self._decode_call(kind, n, self._kv_grid_array)])[0]
+            table = self._decode[kind][n] = (values.tolist(), values)
+        return table
 
     def _flat_seconds(self, q_tokens: int, kv_tokens: int) -> float:
         """Flat masked attention of a step, all layers: per query-token count, a table over KV tokens
         (>= the query tokens: each query's own key is gathered too), interpolated linearly."""
         if kv_tokens >= self._flat_grid[-1]:
             return float(self._flat_total(q_tokens, np.asarray([kv_tokens]))[0])
+        return _lerp(*self._flat_table(q_tokens)[:2], kv_tokens)
+
+    def _flat_table(self, q_tokens: int) -> tuple:
+        """(KV-token grid, step seconds) of flat masked attention over q_tokens query tokens as lists, then as
+        arrays; built on first use."""
         table = self._flat.get(q_tokens)
         if table is None:
-            grid = [q_tokens, *(g for g in self._flat_grid if g > q_tokens)]
-            table = self._flat[q_tokens] = (grid, self._flat_total(q_tokens, np.asarray(grid)).tolist())
-        return _lerp(table[0], table[1], kv_tokens)
+            grid = np.asarray([q_tokens, *(g for g in self._flat_grid if g > q_tokens)])
+            values = self._flat_total(q_tokens, grid)
+            table = self._flat[q_tokens] = (grid.tolist(), values.tolist(), grid, values)
+        return table
 
     def _flat_total(self, q_tokens: int, kv_tokens: np.ndarray) -> np.ndarray:
         """Seconds of a step's flat masked attention kernels (all layers) per entry of kv_tokens."""
@@ -258,21 +370,26 @@ class StepPricer:
                                        self.engine.attention.flat_slowdown)
         return sum(c.count * x for c, x in zip(calls, self._price(calls)))
 
-    def _decode_cols(self, kind: int, n: int, seq_kv) -> dict:
-        return decode_columns(self.model, self.shard, self.engine, n, seq_kv, self.kinds[kind].window)
+    def _decode_call(self, kind: int, n: int, seq_kv) -> KernelCall:
+        """One launch (count 1) of the kind's decode attention, as the model's graph runs it."""
+        call = decode_call(self.model, self.shard, self.engine, n, seq_kv, self.kinds[kind])
+        return KernelCall(call.name, call.family, call.cols, 1)
+
+    def _prefill_call(self, kind: int, new, cached) -> KernelCall:
+        """One launch (count 1) of the kind's prefill attention over rows (new, cached)."""
+        call = prefill_call(self.model, self.shard, new, cached, self.kinds[kind])
+        return KernelCall(call.name, call.family, call.cols, 1)
 
     def _prefill_seconds(self, kind: int, new: int, cached: int) -> float:
+        """One prefill row (a chunked kind's rows are already cut at its chunks)."""
         news, prefixes = self._new_grid, self._prefix_grid
-        window = self.kinds[kind].window
         if new > news[-1] or cached > prefixes[-1]:
-            return self._exact(KernelCall("attn_prefill", "attn_prefill",
-                                          prefill_columns(self.model, self.shard, [new], [cached], window), 1))
+            return self._exact(self._prefill_call(kind, [new], [cached]))
         table = self._prefill[kind]
         if table is None:
             new_axis = np.repeat(news, len(prefixes))
             cached_axis = np.tile(prefixes, len(news))
-            call = KernelCall("attn_prefill", "attn_prefill",
-                              prefill_columns(self.model, self.shard, new_axis, cached_axis, window), 1)
+            call = self._prefill_call(kind, new_axis, cached_axis)
             table = self._prefill[kind] = self._price([call])[0].reshape(len(news), len(prefixes)).tolist()
         i, wi = _bracket(news, new)
         j, wj = _bracket(prefixes, cached)
@@ -409,6 +526,26 @@ def _bracket(grid: list[int], x: int) -> tuple[int, float]:
 def _lerp(grid: list[int], values: list[float], x: int) -> float:
     i, w = _bracket(grid, x)
     return values[i] + (values[i + 1] - values[i]) * w
+
+
+def _lerp_array(g: np.ndarray, v: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """_lerp at every entry of x (grid g and values v as arrays), with the same floating-point operations."""
+    i = np.minimum(np.maximum(np.searchsorted(g, x, side="right") - 1, 0), len(g) - 2)
+    return v[i] + (v[i + 1] - v[i]) * ((x - g[i]) / (g[i + 1] - g[i]))
+
+
+def _decode_mean_kv_run(decode_ctx: np.ndarray, kind: AttentionKind, step: np.ndarray) -> np.ndarray:
+    """graph.decode_mean_kv of the batches decode_ctx + j for each j of step (exact integer sums)."""
+    n, window = len(decode_ctx), kind.window
+    if kind.chunk:  # each sequence's position in its chunk, per step
+        total = ((decode_ctx[None, :] - 1 + step[:, None]) % kind.chunk + 1).sum(axis=1)
+    elif window:  # sum of min(c + j, window): the sequences below the window grow, the others stay at it
+        ctx = np.sort(decode_ctx)
+        below = np.searchsorted(ctx, window - step)
+        total = np.concatenate([[0], np.cumsum(ctx)])[below] + step * below + window * (n - below)
+    else:
+        total = int(decode_ctx.sum()) + n * step
+    return np.maximum(np.rint(total / n).astype(np.int64), 1)
 
 
 # A family is implausible when it takes most of the step's priced kernel time at an effective η (kernel time

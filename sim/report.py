@@ -165,15 +165,37 @@ class BreakdownAccumulator:
 
     def add(self, batch, parts: dict) -> None:
         if self._steps % self._stride == 0:
-            self.sample.append(batch)
-            if len(self.sample) >= 2 * self.sample_steps:
-                self.sample, self._stride = self.sample[::2], 2 * self._stride
+            self._take(batch)
         self._steps += 1
         acc = self.family[step_kind(batch)]
         for name, seconds in parts["family"].items():
             acc[name] = acc.get(name, 0.0) + seconds
         for name, seconds in parts["phase"].items():
             self.phase[name] = self.phase.get(name, 0.0) + seconds
+
+    def add_run(self, prices, steps: int, batch_at) -> None:
+        """Add the first `steps` steps of a decode run as add() would add each: prices is the run's
+        pricing.DecodeRun with its breakdown parts, batch_at(j) step j's batch (for the sample)."""
+        base = self._steps
+        j = -base % self._stride
+        while j < steps:
+            self._take(batch_at(j))
+            j += 1
+            j += -(base + j) % self._stride
+        self._steps = base + steps
+        acc = self.family["decode"]
+        for name, seconds in prices.families:
+            acc[name] = acc.get(name, 0.0) + seconds * steps
+        for name, values in (("attn_decode", prices.attention_s[:steps]), ("launch", prices.launch_s[:steps])):
+            if values.any():  # as breakdown() lists a family only in steps where it takes time
+                acc[name] = acc.get(name, 0.0) + float(values.sum())
+        self.phase["prefill"] = self.phase.get("prefill", 0.0)
+        self.phase["decode"] = self.phase.get("decode", 0.0) + float(prices.decode_phase_s[:steps].sum())
+
+    def _take(self, batch) -> None:
+        self.sample.append(batch)
+        if len(self.sample) >= 2 * self.sample_steps:
+            self.sample, self._stride = self.sample[::2], 2 * self._stride
 
     def table(self):
         """DataFrame: family x step kind seconds, total and share of all GPU time."""

@@ -138,6 +138,9 @@ _SHAPE_FORMATS = {
     "act": "t={tokens} x {intermediate} {op}",
     "elementwise": "{numel} {op} {dtype}",
     "moe": "t={tokens} e={experts} k={top_k} h={hidden} i={intermediate} {dtype}",
+    "mla_decode": "b={batch} kv={seq_kv} h={heads} lora={q_lora_rank}/{kv_lora_rank} {dtype} {kv_dtype}",
+    "mla_prefill": "b={batch} q={seq_q} kv={seq_kv} h={heads} lora={q_lora_rank}/{kv_lora_rank} {dtype} {kv_dtype}",
+    "mla_bmm": "t={tokens} h={heads} d={head_dim} lora={kv_lora_rank} {op} {dtype}",
 }
 
 

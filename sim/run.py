@@ -183,18 +183,20 @@ class SimulationResult:
 def run(setup: Setup, num_requests: int | None, seed: int, router: str = "least_outstanding",
         slo_ms: dict | None = None, out_dir: Path | None = None, trace_steps: int = 2000,
         trace_kernel_steps: int = 20, breakdown: bool = True, keep_requests: bool = False,
-        progress=None) -> SimulationResult:
+        progress=None, fast_forward: bool = True) -> SimulationResult:
     """Stream `num_requests` of the setup's workload (None: a whole trace) through fresh replicas.
 
     progress: None, or a tqdm-like factory; progress(total=..., desc=..., unit=...) must return an object
     with update(n) and close(). It is told of every finished request (completed or failed), once per step
-    that finishes some, so a bar costs nothing measurable. The caller decides whether and where it shows."""
+    that finishes some, so a bar costs nothing measurable. The caller decides whether and where it shows.
+    fast_forward: advance runs of identical decode steps at once (engine.Engine; the same result as
+    simulating them step by step, which False does)."""
     recorder = Recorder(out_dir, trace_steps, trace_kernel_steps) if out_dir is not None else None
     kept = _RequestRows(recorder) if keep_requests else None
     bar = progress(total=setup.workload.count(num_requests), desc="simulate", unit="req") if progress else None
     engine = setup.new_engine(seed, router, slo_ms=slo_ms, recorder=kept or recorder,
                               breakdown=BreakdownAccumulator() if breakdown else None,
-                              progress=bar.update if bar is not None else None)
+                              progress=bar.update if bar is not None else None, fast_forward=fast_forward)
     start = time.perf_counter()
     try:
         summary = engine.run(setup.workload.requests(num_requests, seed))
@@ -214,13 +216,14 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
              allow_long_max_model_len: bool = False,
              slo: dict | None = None, out_dir: Path | None = None, trace_steps: int = 2000,
              trace_kernel_steps: int = 20, breakdown: bool = True, keep_requests: bool = False,
-             progress=None) -> SimulationResult:
+             progress=None, fast_forward: bool = True) -> SimulationResult:
     """Simulate `num_requests` requests of `workload` (None: every row of a trace) on `parallel.dp` replicas
     of `model` on `hardware` under `engine`; kernels priced in predictor `tier` from `bundle`.
 
     slo: {ttft_ms, tpot_ms, e2el_ms} thresholds for goodput. out_dir: also write requests.parquet,
     steps.parquet and trace.json there. keep_requests: keep the per-request table in memory. progress: a
-    tqdm-like factory for a bar over finished requests (see run).
+    tqdm-like factory for a bar over finished requests (see run). fast_forward=False: simulate every
+    engine step one by one (same result, slower; see run).
     """
     if num_requests is not None:
         whole_number(num_requests, "num_requests", hint="null: every row of a trace")
@@ -233,4 +236,4 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
     if num_requests is None and setup.workload.trace is None:
         raise KernelsightError("num_requests=null only replays a whole trace; synthetic workloads need a count")
     return run(setup, num_requests, seed, router, slo_ms, out_dir, trace_steps, trace_kernel_steps, breakdown,
-               keep_requests, progress)
+               keep_requests, progress, fast_forward)

@@ -31,7 +31,9 @@ manager (a new block, a block to cache, a prefill chunk) or that finish. The
 vectorised pass computes exactly what vLLM's sequential loop computes: the
 budget a request sees is the budget minus the tokens of the requests before it,
 and preemption victims come from the end of the running list, after every
-request still to be handled.
+request still to be handled. When every coming step only decodes one token
+per running request (decode_run), the engine applies many steps at once
+(advance), as these steps would.
 """
 from __future__ import annotations
 
@@ -100,6 +102,41 @@ class ScheduledStep:
         out = {r.request_id: n for r, n in self.prefills}
         out.update((r.request_id, 1) for r in self.decodes)
         return out
+
+
+class DecodeRun:
+    """Steps that each decode one token for every running request and do nothing else (Scheduler.decode_run).
+
+    Step j decodes request i (slot slots[i], in running order) at KV length comp[i] + 1 + j and samples its
+    token; `steps` of them at most: the last one schedules some request's last token.
+    """
+
+    __slots__ = ("slots", "comp", "flim", "steps", "requests")
+
+    def __init__(self, slots: np.ndarray, comp: np.ndarray, flim: np.ndarray, steps: int, requests: list):
+        self.slots, self.comp, self.flim, self.steps = slots, comp, flim, steps
+        self.requests = requests    # the scheduler's request per slot
+
+    def batch(self, step: int) -> StepBatch:
+        return StepBatch(decode_ctx=tuple((self.comp + (step + 1)).tolist()))
+
+    def scheduled_step(self, step: int, index: int) -> ScheduledStep:
+        """Step `step` of the run as schedule() returns it, numbered `index`."""
+        return ScheduledStep(self.batch(step), [], self.slots, self.slots, [], index, self.requests)
+
+    def blocks(self, steps: int, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(step, index into slots) of every KV block the first `steps` steps take, in the order the scheduler
+        takes them (by step, then running order): one whenever a request's token starts a new block."""
+        first = self.flim - 1 - self.comp       # the step whose token is the first past a request's blocks
+        index = np.flatnonzero(first < steps)
+        first = first[index]
+        count = (steps - 1 - first) // block_size + 1
+        if len(index) and count.max() > 1:
+            nth = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+            index = np.repeat(index, count)
+            first = np.repeat(first, count) + block_size * nth
+        order = np.lexsort((index, first))
+        return first[order], index[order]
 
 
 class Scheduler:
@@ -187,6 +224,54 @@ class Scheduler:
         return ScheduledStep(batch, prefills, decode_slots, sampling, preempted, self.num_steps - 1,
                              self._slot_req)
 
+    def decode_run(self) -> DecodeRun | None:
+        """The steps from now on, when each decodes one token for every running request and nothing else (no
+        admission, prefill chunk or preemption) until one schedules some request's last token, KV blocks
+        allowing; None otherwise. The engine advances such runs at once (advance())."""
+        o = self._order
+        n = len(o)
+        cfg = self.config
+        if not n or n > cfg.max_num_batched_tokens or (
+                self.waiting and n < cfg.max_num_seqs and n < cfg.max_num_batched_tokens):
+            return None     # nothing to run, a budget cut, or an admission could come
+        out, ph, comp, prompt, flim = self._out[o], self._ph[o], self._comp[o], self._prompt[o], self._flim[o]
+        left = self._olen[o] - out - ph     # tokens not scheduled yet
+        known = prompt + out + ph if cfg.async_scheduling else prompt + out
+        # one token each: not a prefill chunk, not waiting for a token in flight (pipeline), no KV call due
+        if ((known - comp != 1) | (comp < prompt) | (comp >= flim) | (left < 1)).any():
+            return None
+        return DecodeRun(o, comp, flim, int(left.min()), self._slot_req)
+
+    def finishes(self, step: ScheduledStep) -> bool:
+        """Whether the step's completion finishes a request."""
+        s = step.sampling
+        return bool((self._out[s] + 1 >= self._olen[s]).any())
+
+    def advance(self, run: DecodeRun, scheduled: int, done: np.ndarray, grown: list, itl=None) -> None:
+        """Apply the first `scheduled` steps of a run as schedule() would, and the completions of its first
+        len(done) steps at times `done` as update() would (itl receives the inter-token gaps). The caller
+        has given the requests their new KV blocks (run.blocks): `grown` lists the slots of those that took
+        any."""
+        o = run.slots
+        self._comp[o] = run.comp + scheduled
+        if grown:
+            self._flim[grown] = [self._slot_req[s].fast_limit for s in grown]
+        self.num_steps += scheduled
+        c = len(done)
+        if scheduled > c:
+            self._ph[o] += scheduled - c
+        if not c:
+            return
+        self._out[o] += c
+        last = self._last[o]
+        had = last >= 0
+        if itl is not None:
+            itl.add_array(done[0] - (last if had.all() else last[had]))
+            itl.add_repeated(done[1:] - done[:-1], len(o))
+        if not had.all():
+            self._first[o[~had]] = done[0]
+        self._last[o] = done[-1]
+
     def _schedule_running(self, now, budget, prefills, prefill_ctx, sampled, preempted):
         """vLLM's loop over the running requests, vectorised; returns (decode slots, decode ctx, budget left)."""
         cfg = self.config
@@ -218,7 +303,9 @@ class Scheduler:
                 if i >= len(running):
                     break       # preempted as a victim of an earlier request
                 req = running[i]
-                while not kv.allocate_slots(req, comp_l[i], known_l[i], n_l[i]):
+                decode = n_l[i] == 1 and comp_l[i] >= req.prompt_len   # an output token: one block, nothing to cache
+                while not (kv.append_block(req, comp_l[i]) if decode else
+                           kv.allocate_slots(req, comp_l[i], known_l[i], n_l[i])):
                     victim = running.pop()
                     self._preempt(victim, now)
                     preempted.append(victim)

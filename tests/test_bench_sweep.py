@@ -23,7 +23,7 @@ from kernelsight.microbench.providers.base import PlannedDevice  # noqa: E402
 from kernelsight.microbench.runner import row_key  # noqa: E402
 from kernelsight.microbench.timing import Clock, TimingConfig  # noqa: E402
 from kernelsight import cli  # noqa: E402
-from kernelsight.predictor.families import COLLECTIVES, REGISTRY, get_family  # noqa: E402
+from kernelsight.predictor.families import COLLECTIVES, get_family  # noqa: E402
 from kernelsight.predictor.hardware import load_hardware  # noqa: E402
 from kernelsight.predictor.paths import conf_dir  # noqa: E402
 from kernelsight.predictor.sweep import read_environment, read_sweep, sweep_files  # noqa: E402
@@ -60,7 +60,7 @@ def test_cpu_sweep_rows_follow_the_contract(cpu_sweep):
     df = read_sweep(cpu_sweep)  # validates every row
     assert len(sweep_files(cpu_sweep)) >= 1
     assert (df["status"] == "ok").all(), df[df["status"] != "ok"][["provider", "error"]]
-    kernel_families = {f for f in REGISTRY if f not in COLLECTIVES}
+    kernel_families = set(BENCHES)
     assert set(df["family"]) == kernel_families | set(COLLECTIVES)
     assert {"torch.F.linear", "torch._scaled_mm", "triton.paged_decode", "triton.prefill_attention",
             "triton.reshape_and_cache", "triton.rope_neox", "triton.rope_gptj", "triton.rms_norm",
@@ -270,7 +270,7 @@ def test_grid_budgets_on_h100_from_the_roofline(grid, budget_s):
     est = commands.estimate(cfg, plan.items, plan.collectives, load_hardware("h100_sxm"))
     assert 0.2 * budget_s < est["total"] <= budget_s, est
     families = {i.family for i in plan.items}
-    assert families == {f for f in REGISTRY if f not in COLLECTIVES}
+    assert families == set(BENCHES)  # every family the harness has providers for (MLA comes from imports only)
     shapes = [i.shape for i in plan.items]
     if grid == "full":  # the coverage the issue asks for
         assert {s.head_dim for s in shapes if s.family.name == "attn_decode"} == {64, 128, 256}

@@ -142,3 +142,24 @@ def test_unknown_setting_is_one_line_not_hydras_page(capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip()
     assert "decode.nonsense" in err and "\n" not in err
+
+
+def test_a_group_choice_given_as_a_file(run_cli, tmp_path, monkeypatch):
+    """model= takes a HF config.json (or its folder) and any group a .yaml file: the command composes them like
+    shipped choices; a path that is not there is one line."""
+    from kernelsight.predictor.paths import conf_dir
+
+    monkeypatch.setenv("KERNELSIGHT_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "gpt-oss-20b"
+    folder.mkdir()
+    (folder / "config.json").write_text((conf_dir() / "model" / "hf" / "openai--gpt-oss-20b_config.json").read_text())
+    code, out, err = run_cli(["roofline", f"model={folder}"], cwd=tmp_path)
+    assert code == 0, err
+    assert out.startswith("gpt-oss-20b on NVIDIA H100") and "weights mxfp4" in out
+    yaml_copy = tmp_path / "mine.yaml"
+    yaml_copy.write_text((conf_dir() / "model" / "qwen3-8b.yaml").read_text())
+    code, out, err = run_cli(["roofline", f"model={yaml_copy}"], cwd=tmp_path)
+    assert code == 0 and out.startswith("qwen3-8b on"), err
+    code, out, err = run_cli(["roofline", f"model={tmp_path}/missing.json"], cwd=tmp_path)
+    assert code == 2 and err.strip() == f"kernelsight: error: model={tmp_path}/missing.json: no such file (nor a folder " \
+                                        f"with a config.json)"

@@ -14,7 +14,10 @@ from kernelsight.predictor.roofline import roofline_frame, roofline_shape, wave_
 H100 = load_hardware("h100_sxm")
 
 DESIGN_FAMILIES = {"gemm", "attn_prefill", "attn_decode", "kv_write", "rope", "norm", "act", "elementwise",
-                   "moe", "allreduce", "allgather", "reducescatter", "alltoall", "sendrecv"}
+                   "moe", "mla_prefill", "mla_decode", "mla_bmm", "allreduce", "allgather", "reducescatter",
+                   "alltoall", "sendrecv"}
+DSV3 = dict(hidden=7168, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+TINY_MLA = dict(hidden=16, q_lora_rank=8, kv_lora_rank=8, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=6)
 
 # One valid shape per family, used by the invariant tests.
 EXAMPLES = {
@@ -27,6 +30,9 @@ EXAMPLES = {
     "act": dict(tokens=256, intermediate=14336),
     "elementwise": dict(numel=1 << 20, op="add"),
     "moe": dict(tokens=256, experts=128, top_k=8, hidden=2048, intermediate=768),
+    "mla_prefill": dict(batch=2, seq_q=512, seq_kv=1024, heads=16, **DSV3),
+    "mla_decode": dict(batch=64, seq_kv=2048, heads=16, **DSV3),
+    "mla_bmm": dict(tokens=64, heads=16, head_dim=128, kv_lora_rank=512),
     **{c: dict(msg_bytes=1 << 20, world_size=8) for c in COLLECTIVES},
 }
 
@@ -124,6 +130,46 @@ def test_moe_by_hand():
     assert fp8.bytes < many.bytes
 
 
+def test_mla_decode_by_hand():
+    # T = 2 tokens, C = 8 keys, H = 2 heads, D = 16, Lq = 8, Lkv = 8, P = 4, R = 2, V = 6
+    s = make_shape("mla_decode", batch=2, seq_kv=4, heads=2, **TINY_MLA)
+    weights = 16 * (8 + 8 + 2) + 8 * 2 * (4 + 2) + 2 * 6 * 16   # fused_qkv_a, q_b, o_proj = 576
+    absorbed = 2 * 8 * (4 + 6)                                 # W_UK and W_UV, bf16 = 160
+    assert s.flops == 2 * 2 * weights + 2 * 2 * absorbed + 2 * 8 * 2 * (8 + 2 + 8)  # GEMMs, bmms, latent attention
+    acts = 2 * 2 * (18 + 12) + 2 * 2 * 16 + 2 * 2 * 2 * (8 + 8 + 6)  # down/q out, hidden in/out, bmm ins/outs
+    assert s.bytes == weights * 2 + (absorbed + acts) * 2 + (8 + 2) * (8 + 2) * 2  # KV read 8 rows, write 2
+    assert s.blocks == 3 + 2 * (1 + 1) + 2 * 1 * 1  # GEMM tiles, bmm tiles per head, (sequence, head group, split)
+    fp8 = make_shape("mla_decode", batch=2, seq_kv=4, heads=2, dtype="fp8_block", kv_dtype="fp8", **TINY_MLA)
+    assert s.bytes - fp8.bytes == pytest.approx(weights * (2 - (1 + 4 / 128 ** 2)) + 10 * 10 * 1)
+    assert fp8.flops == s.flops
+
+
+def test_mla_prefill_by_hand_and_without_query_compression():
+    s = make_shape("mla_prefill", batch=1, seq_q=4, seq_kv=4, heads=2, kv_dtype="fp8", **TINY_MLA)
+    weights, kv_b = 576, 8 * 2 * (4 + 6)  # as in the decode test; kv_b: latent -> per-head nope keys and values
+    assert s.flops == 2 * 4 * weights + 2 * 4 * kv_b + 2 * (1 + 2 + 3 + 4) * 2 * (4 + 2 + 6)
+    acts = 2 * 4 * (18 + 12) + 2 * 4 * 16 + 2 * 4 * 2 * (4 + 6) + 2 * 4 * 2 * 6
+    assert s.bytes == (weights + kv_b) * 2 + acts * 2 + 4 * (8 + 2) * 1  # fp8 latent rows of 4 keys
+    assert s.blocks == 3 + 1 + 1 * 2 * 1
+    prefix = make_shape("mla_prefill", batch=1, seq_q=2, seq_kv=4, heads=2, kv_dtype="fp8", **TINY_MLA)
+    assert prefix.flops - 2 * 2 * weights == 2 * 4 * kv_b + 2 * (3 + 4) * 2 * 12  # every key expanded, 2 queries
+    no_q_lora = make_shape("mla_prefill", batch=1, seq_q=4, seq_kv=4, heads=2, **{**TINY_MLA, "q_lora_rank": 0})
+    weights = 16 * (8 + 2) + 16 * 2 * 6 + 2 * 6 * 16  # kv_a, q_proj from the hidden state, o_proj
+    assert no_q_lora.flops == 2 * 4 * weights + 2 * 4 * kv_b + 2 * 10 * 2 * 12
+
+
+def test_mla_bmm_by_hand_and_inside_mla_decode():
+    pre = make_shape("mla_bmm", tokens=64, heads=16, head_dim=128, kv_lora_rank=512, op="pre")
+    post = make_shape("mla_bmm", tokens=64, heads=16, head_dim=128, kv_lora_rank=512, op="post")
+    assert pre.flops == post.flops == 2 * 16 * 64 * 128 * 512
+    assert pre.bytes == post.bytes == 2 * (16 * 64 * (128 + 512) + 16 * 128 * 512)
+    assert (pre.blocks, post.blocks) == (16 * 4, 16 * 1)  # 128x128 output tiles per head: 64x512, 64x128
+    dec = make_shape("mla_decode", batch=64, seq_kv=1, heads=16, **DSV3)
+    proj = 2 * 64 * (7168 * (1536 + 512 + 64) + 1536 * 16 * 192 + 16 * 128 * 7168)
+    attention = 2 * 64 * 16 * (2 * 512 + 64)
+    assert dec.flops == proj + pre.flops + post.flops + attention  # the two bmms are part of the module
+
+
 def test_collectives_follow_nccl_tests_conventions():
     assert busbw_factor("allreduce", 8) == pytest.approx(2 * 7 / 8)
     for op in ("allgather", "reducescatter", "alltoall"):
@@ -161,7 +207,7 @@ def test_cost_and_roofline_grow_with_size(family):
     for name in sizes:
         params = dataclasses.asdict(base)
         params[name] = getattr(base, name) * 2
-        if family == "attn_prefill" and name == "seq_q":
+        if family in ("attn_prefill", "mla_prefill") and name == "seq_q":
             params["seq_kv"] = base.seq_kv + base.seq_q
         if family == "moe" and name == "top_k":
             continue
@@ -178,6 +224,10 @@ def test_cost_and_roofline_grow_with_size(family):
     ("attn_prefill", dict(batch=1, seq_q=8, seq_kv=4, heads=8, kv_heads=8, head_dim=64), "seq_kv"),
     ("attn_decode", dict(batch=1, seq_kv=8, heads=6, kv_heads=4, head_dim=64), "multiple of kv_heads"),
     ("moe", dict(tokens=1, experts=4, top_k=8, hidden=8, intermediate=8), "top_k"),
+    ("mla_prefill", dict(batch=1, seq_q=8, seq_kv=4, heads=8, **TINY_MLA), "seq_kv (prefix + new tokens)"),
+    ("mla_decode", dict(batch=1, seq_kv=8, heads=8, **{**TINY_MLA, "qk_rope_head_dim": 3}), "must be even"),
+    ("mla_decode", dict(batch=1, seq_kv=8, heads=0, **TINY_MLA), "mla_decode.heads = 0"),
+    ("mla_bmm", dict(tokens=1, heads=1, head_dim=128, kv_lora_rank=512, op="mid"), "must be one of ['pre', 'post']"),
     ("norm", dict(tokens=1, hidden=8, op="batch"), "must be one of"),
     ("allreduce", dict(msg_bytes=8, world_size=1), "world_size must be >= 2"),
     ("allreduce", dict(msg_bytes=8, world_size=2, link="smoke-signal"), "link"),

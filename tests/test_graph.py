@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 import time
+import json
 from pathlib import Path
 from dataclasses import replace
 
@@ -197,7 +198,8 @@ def random_batches(seed: int, n: int, budget: int = 8192, max_seqs: int = 256):
 
 
 @pytest.mark.parametrize("model, parallel", [("llama3.1-8b", "default"), ("gemma2-9b", "tp2"),
-                                             ("qwen3-30b-a3b", "tp4_ep4")])
+                                             ("qwen3-30b-a3b", "tp4_ep4"), ("gpt-oss-120b", "tp8"),
+                                             ("llama4-scout", "tp8"), ("deepseek-v3", "tp8_ep8")])
 def test_memoised_step_time_is_within_half_a_percent_of_exact(model, parallel):
     p = pricer(model, parallel)
     worst = 0.0
@@ -354,3 +356,201 @@ def test_pricing_sources_say_what_priced_each_familys_time_and_how_much_extrapol
         outside[s["family"]] = s["outside_training_range"]
     assert outside["norm"] == 1.0 and outside["attn_decode"] == 0.0
     assert tp8.pricing_sources([]) == []
+
+
+# -- the registered model graphs of MoE, MLA and hybrid-attention architectures ------------------------------
+
+def test_every_model_has_a_registered_graph_and_only_one():
+    from kernelsight.sim.graphs.registry import GRAPHS
+    from kernelsight.sim.model import SUPPORTED_ARCHS, list_models
+    assert set(GRAPHS) == set(SUPPORTED_ARCHS)
+    for name in list_models():  # every shipped model builds a step
+        assert step_kernels(load_model(name), MIXED, load_parallel("default"), ENGINE)
+
+
+def test_gpt_oss_formats_sinks_and_sliding_layers():
+    c = calls_by_name("gpt-oss-120b", MIXED, "tp8")
+    assert c["qkv_proj"].cols == {"m": 1040, "n": (64 // 8 + 2 * 1) * 64, "k": 2880, "dtype": "bf16"}
+    assert c["o_proj"].cols["dtype"] == "bf16" and c["router"].cols["dtype"] == "bf16"
+    assert (c["experts"].cols["dtype"], c["experts"].cols["experts"], c["experts"].cols["top_k"]) == ("mxfp4", 128, 4)
+    assert "act" not in c and "gate_up_proj" not in c  # swiglu runs inside the fused MoE
+    assert (c["attn_decode[sliding]"].cols["window"], c["attn_decode[full]"].cols["window"]) == (128, 0)
+    assert c["attn_decode[sliding]"].count == c["attn_decode[full]"].count == 18
+    assert c["attn_decode[sliding]"].cols["seq_kv"] == round((100 + 128 + 128) / 3)  # MIXED decodes 100, 2000, 4097
+
+
+def test_minimax_m2_norms_q_and_k_over_the_whole_projection():
+    c = calls_by_name("minimax-m2.5", MIXED, "tp8_ep8")
+    assert (c["q_norm"].cols["hidden"], c["k_norm"].cols["hidden"]) == (48 // 8 * 128, 1 * 128)
+    assert c["qk_norm_allreduce"].cols == {"msg_bytes": 1040 * 2 * 4, "world_size": 8, "link": "nvlink",
+                                           "dtype": "fp32"}
+    assert c["rope"].cols["head_dim"] == 64  # rotary_dim of head_dim 128
+    assert c["router"].cols["dtype"] == "fp32" and c["topk"].cols["op"] == "sigmoid"
+    assert (c["qkv_proj"].cols["dtype"], c["experts"].cols["dtype"]) == ("fp8_block", "fp8_block")
+    assert "qk_norm" not in c and "qk_norm_allreduce" not in calls_by_name("minimax-m2.5", MIXED)
+
+
+def test_llama4_rope_nope_and_chunked_layers():
+    c = calls_by_name("llama4-maverick", MIXED, "tp8")
+    assert (c["rope"].count, c["attn_temperature"].count) == (36, 12)
+    assert "qk_norm" not in c  # Maverick: use_qk_norm false
+    scout = calls_by_name("llama4-scout", MIXED, "tp8")
+    assert scout["qk_norm"].count == 36 and scout["qk_norm"].cols["dtype"] == "fp32"
+    assert (c["experts"].count, c["gate_up_proj"].count, c["shared_gate_up_proj"].count) == (24, 24, 24)
+    assert c["gate_up_proj"].cols["n"] == 2 * 16384 // 8 and c["shared_gate_up_proj"].cols["n"] == 2 * 8192 // 8
+    assert (c["experts"].cols["top_k"], c["topk"].cols["op"]) == (1, "sigmoid")
+    # chunked attention: a prefill crossing an 8192 boundary is two rows, each with its own chunk's prefix
+    batch = StepBatch(prefill_new=(5000,), prefill_ctx=(6000,), decode_ctx=(9000, 100), prefill_sampled=1)
+    k = calls_by_name("llama4-scout", batch, "tp8")
+    chunked, full = k["attn_prefill[chunked]"].cols, k["attn_prefill[full]"].cols
+    assert (list(chunked["seq_q"]), list(chunked["seq_kv"])) == ([2192, 2808], [8192, 2808])
+    assert (list(full["seq_q"]), list(full["seq_kv"])) == ([5000], [11000])
+    assert k["attn_decode[chunked]"].cols["seq_kv"] == round(((9000 - 1) % 8192 + 1 + 100) / 2)
+    assert k["attn_decode[full]"].cols["seq_kv"] == round((9000 + 100) / 2)
+
+
+def test_deepseek_mla_is_one_module_per_layer_and_nothing_twice():
+    c = calls_by_name("deepseek-v3", MIXED, "tp8_ep8")
+    # the MLA module holds the projections, RoPE, the KV write and o_proj: none of them is launched beside it
+    assert not {"qkv_proj", "o_proj", "rope", "kv_write", "qk_norm", "attn_decode", "attn_prefill"} & set(c)
+    assert not any(call.family == "mla_bmm" for call in c.values())
+    decode, prefill = c["mla_decode"].cols, c["mla_prefill"].cols
+    assert (decode["batch"], decode["heads"], decode["kv_lora_rank"], decode["dtype"]) == (3, 16, 512, "fp8_block")
+    assert list(prefill["seq_kv"]) == [1000, 37 + 2048] and c["mla_decode"].count == 61
+    assert c["attn_allreduce"].count == 61
+    assert (c["gate_up_proj"].count, c["experts"].count, c["shared_gate_up_proj"].count) == (3, 58, 58)
+    assert (c["experts"].cols["experts"], c["experts"].cols["moe_ep"], c["topk"].cols["op"]) == (256, 8, "sigmoid")
+    nv = calls_by_name("deepseek-v3.1-nvfp4", MIXED, "tp8_ep8")
+    assert (nv["mla_decode"].cols["dtype"], nv["mla_decode"].cols["kv_dtype"]) == ("bf16", "fp8")
+    assert {nv[n].cols["dtype"] for n in ("gate_up_proj", "down_proj", "experts", "shared_gate_up_proj")} == {"nvfp4"}
+    with pytest.raises(KernelsightError, match="flat_masked attention layout"):
+        pricer("deepseek-v3", "tp8_ep8", engine=load_engine("transformers_cb"))
+    p = pricer("deepseek-v3", "tp8_ep8")
+    assert p.attention_families == ("mla_prefill", "mla_decode")
+    assert set(p.breakdown(MIXED)["family"]) >= {"mla_prefill", "mla_decode", "moe"}
+
+
+def test_gemm_calls_carry_their_components_format():
+    c = calls_by_name("llama3.1-70b", MIXED, "tp8")
+    model = load_model("llama3.1-70b")
+    mixed = replace(model, weight_dtype="fp8_block", weight_formats={"attention_out": "bf16", "mlp": "w4a16"})
+    k = {call.name: call for call in step_kernels(mixed, MIXED, load_parallel("tp8"), ENGINE)}
+    assert (k["qkv_proj"].cols["dtype"], k["o_proj"].cols["dtype"]) == ("fp8_block", "bf16")
+    assert {k[n].cols["dtype"] for n in ("gate_up_proj", "down_proj")} == {"w4a16"}
+    assert k["lm_head"].cols["dtype"] == c["lm_head"].cols["dtype"] == "bf16"
+
+
+def test_chunked_decode_runs_match_their_steps():
+    p = pricer("llama4-scout", "tp8")
+    ctx = np.array([8000, 8190, 100, 20000])
+    run = p.decode_run(ctx, 12)
+    for j in range(12):
+        step = p.step_time(StepBatch(decode_ctx=tuple((ctx + j).tolist())))
+        assert run.gpu_s[j] == pytest.approx(step.gpu_s, rel=1e-12)
+
+
+# The done-when check: each architecture's decode step of 64 sequences at KV length 1024, priced by the roofline
+# predictor, lies within 1.5x of a roofline computed by hand from the config.json: the weights each GPU reads
+# once plus the KV it reads, over HBM bandwidth, against the batch's matmul FLOPs at each format's peak.
+HAND_BYTES = {"bf16": 2.0, "fp8_block": 1 + 4 / 128 ** 2, "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32}
+
+
+def hand_decode_roofline(config_file: str, formats: dict, kv_bytes: float, hw, tp: int, ep: int = 1,
+                         adp: int = 1, batch: int = 64, kv_len: int = 1024) -> float:
+    """Seconds of one GPU's decode step by hand: every weight it holds and the batch touches read once in its
+    format (routed experts: the ones the batch's (token, expert) pairs hit under balanced routing; MLA decode:
+    kv_b_proj as the absorbed bf16 W_UK / W_UV), the LM head, and the KV cache read; the larger of that over
+    HBM bandwidth and 2 FLOPs per weight and token (plus attention's) over the format's peak."""
+    raw = json.loads((conf_dir() / "model" / "hf" / config_file).read_text())
+    c = raw.get("text_config", raw)
+    h, n_layers, heads = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
+    read, work = [], []
+
+    def weights(params, fmt, layers=1, tokens=batch):
+        read.append(layers * params * HAND_BYTES[fmt])
+        work.append((layers * 2 * tokens * params, fmt))
+
+    if "kv_lora_rank" in c:
+        ql, kl, nope, rope, v = (c[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                                "v_head_dim"))
+        weights(h * (ql + kl + rope), formats["attention"], n_layers)        # down-projections, on every GPU
+        weights(ql * heads * (nope + rope) / tp, formats["attention"], n_layers)
+        weights(kl * heads * (nope + v) / tp, "bf16", n_layers)
+        weights(heads * v * h / tp, formats["attention_out"], n_layers)
+        read.append(n_layers * batch * kv_len * (kl + rope) * kv_bytes)     # the latent cache, whole per GPU
+        work.append((n_layers * 2 * batch * kv_len * heads / tp * (2 * kl + rope), "bf16"))
+    else:
+        kv_heads, hd = c["num_key_value_heads"], c.get("head_dim") or h // heads
+        kv_gpu = max(1, kv_heads // tp)
+        weights(h * (heads // tp + 2 * kv_gpu) * hd, formats["attention"], n_layers)
+        weights(heads // tp * hd * h, formats["attention_out"], n_layers)
+        for kind in c.get("layer_types") or ["full_attention"] * n_layers:
+            seen = min(kv_len, c["sliding_window"]) if kind == "sliding_attention" else kv_len
+            read.append(batch * seen * 2 * kv_gpu * hd * kv_bytes)
+            work.append((4 * batch * seen * heads // tp * hd, "bf16"))
+    experts = c.get("num_local_experts") or c.get("num_experts") or c.get("n_routed_experts")
+    if "first_k_dense_replace" in c:
+        dense, width, dense_width = c["first_k_dense_replace"], c["moe_intermediate_size"], c["intermediate_size"]
+        shared = c["n_shared_experts"] * width
+    elif "interleave_moe_layer_step" in c:
+        dense = n_layers - n_layers // c["interleave_moe_layer_step"]
+        width, dense_width, shared = c["intermediate_size"], c["intermediate_size_mlp"], c["intermediate_size"]
+    elif experts:
+        dense, width, dense_width, shared = 0, c.get("moe_intermediate_size") or c["intermediate_size"], 0, 0
+    else:
+        dense, width, dense_width, shared = n_layers, 0, c["intermediate_size"], 0
+    weights(3 * h * dense_width / tp, formats["mlp"], dense)
+    if experts:
+        moe_layers, moe_tp = n_layers - dense, tp * adp // ep
+        pairs = batch * adp * c["num_experts_per_tok"] / ep               # on this GPU's experts
+        hit = min(experts / ep, pairs)
+        read.append(moe_layers * hit * 3 * h * width / moe_tp * HAND_BYTES[formats["experts"]])
+        work.append((moe_layers * 2 * pairs * 3 * h * width / moe_tp, formats["experts"]))
+        weights(h * experts, "bf16", moe_layers)                           # router
+        weights(3 * h * shared / tp, formats["shared_experts"], moe_layers)
+    weights(c["vocab_size"] * h / tp, "bf16")                             # LM head
+    return max(sum(read) / hw.mem_bw, sum(f / hw.peak_flops(fmt) for f, fmt in work))
+
+
+def _formats(attention="bf16", attention_out=None, mlp=None, experts=None, shared_experts=None):
+    rest = attention_out or attention
+    return {"attention": attention, "attention_out": rest, "mlp": mlp or rest, "experts": experts or rest,
+            "shared_experts": shared_experts or rest}
+
+
+ROOFLINE_CASES = [  # model, its config.json, formats by hand, KV bytes, GPU, layout
+    ("gpt-oss-20b", "openai--gpt-oss-20b_config.json", _formats(experts="mxfp4"), 2, "h100_sxm", dict(tp=1)),
+    ("gpt-oss-120b", "openai--gpt-oss-120b_config.json", _formats(experts="mxfp4"), 2, "h100_sxm", dict(tp=8)),
+    ("minimax-m2.5", "MiniMaxAI--MiniMax-M2.5_config.json", _formats("fp8_block"), 2, "h200_sxm", dict(tp=8, ep=8)),
+    ("deepseek-v3", "deepseek-ai--DeepSeek-V3_config.json", _formats("fp8_block"), 2, "h200_sxm", dict(tp=8, ep=8)),
+    ("deepseek-r1", "deepseek-ai--DeepSeek-R1_config.json", _formats("fp8_block"), 2, "h200_sxm", dict(tp=8, ep=8)),
+    ("kimi-k2", "moonshotai--Kimi-K2-Instruct_config.json", _formats("fp8_block"), 2, "h200_sxm",
+     dict(tp=8, attention_dp=2, ep=16)),  # 1.03T parameters: two nodes, experts over 16 GPUs
+    ("deepseek-v3.1-nvfp4", "nvidia--DeepSeek-V3.1-NVFP4_config.json", _formats("bf16", "nvfp4"), 1, "h200_sxm",
+     dict(tp=8, ep=8)),
+    ("llama4-scout", "meta-llama--Llama-4-Scout-17B-16E-Instruct_config.json", _formats(), 2, "h100_sxm", dict(tp=8)),
+    ("llama4-maverick", "meta-llama--Llama-4-Maverick-17B-128E-Instruct_config.json", _formats(), 2, "h200_sxm",
+     dict(tp=8, ep=8)),
+    ("mixtral-8x22b", "mistralai--Mixtral-8x22B-v0.1_config.json", _formats(), 2, "h100_sxm", dict(tp=8)),
+    ("qwen3-30b-a3b-fp8", "Qwen--Qwen3-30B-A3B-FP8_config.json", _formats("fp8_block"), 2, "h100_sxm", dict(tp=1)),
+    ("qwen3-235b-a22b-nvfp4", "nvidia--Qwen3-235B-A22B-NVFP4_config.json", _formats("nvfp4"), 1, "h200_sxm",
+     dict(tp=8, ep=8)),
+    ("llama3.1-405b", "meta-llama--Meta-Llama-3.1-405B_config.json", _formats(), 2, "h200_sxm", dict(tp=8)),
+]
+
+
+@pytest.mark.parametrize("name, config_file, formats, kv_bytes, gpu, layout", ROOFLINE_CASES,
+                         ids=[c[0] for c in ROOFLINE_CASES])
+def test_decode_step_of_every_architecture_is_near_its_hand_roofline(name, config_file, formats, kv_bytes, gpu,
+                                                                     layout):
+    from kernelsight.sim.memory import memory_plan
+    from kernelsight.sim.model import load_hf_config
+
+    hw = load_hardware(gpu)
+    par = ParallelConfig("x", **layout)
+    model = load_hf_config(conf_dir() / "model" / "hf" / config_file)  # simulated straight from its config
+    assert memory_plan(model, hw, ENGINE, par).blocks * 16 >= 64 * 1024  # the layout holds the batch
+    priced = StepPricer(model, hw, ENGINE, par, Predictor(hw, tier="roofline")).step_time(
+        StepBatch(decode_ctx=(1024,) * 64)).gpu_s
+    hand = hand_decode_roofline(config_file, formats, kv_bytes, hw, par.tp, par.ep, par.attention_dp)
+    assert hand / 1.5 <= priced <= 1.5 * hand, f"{name}: {priced * 1e3:.2f} ms priced, {hand * 1e3:.2f} ms by hand"

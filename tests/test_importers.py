@@ -71,7 +71,8 @@ def aic_tree(root: Path, gemm_rows=None) -> Path:
     data = src / "data" / "h100_sxm"
     _parquet(data / "gemm/vllm/0.24.0/gemm_perf.parquet", gemm_rows or [
         _gemm("torch.nn.functional.linear", "bfloat16", 4096, 4096, 4096, 0.16602578428056505),
-        _gemm("DeepGemmFp8BlockScaledMMKernel", "fp8_block", 4096, 4096, 4096, 0.14668266971906027),
+        _gemm("DeepGemmFp8BlockScaledMMKernel", "fp8_block", 4096, 4096, 4096, 0.146683),  # host-bound (eager)
+        _gemm("DeepGemmFp8BlockScaledMMKernel", "fp8_block", 16384, 4096, 4096, 0.589083),
         _gemm("CutlassFP8ScaledMMLinearKernel", "fp8", 4096, 4096, 4096, 0.1537511083814833)])
     _parquet(data / "gemm/vllm/0.19.0/gemm_perf.parquet", [
         _gemm("vllm_default", "bfloat16", 4096, 4096, 4096, 0.166, version="0.19.0"),
@@ -99,13 +100,15 @@ def test_aiconfigurator_gemm_rows(tmp_path):
     assert set(new.index) == {"torch.F.linear", "vllm.DeepGemmFp8BlockScaledMMKernel",
                               "vllm.CutlassFP8ScaledMMLinearKernel"}
     assert new.loc["torch.F.linear", "dtype"] == "bf16"
-    assert new.loc["vllm.DeepGemmFp8BlockScaledMMKernel", "dtype"] == "fp8"  # fp8_block
+    assert new.loc["vllm.DeepGemmFp8BlockScaledMMKernel", "dtype"] == "fp8_block"
+    assert new.loc["vllm.CutlassFP8ScaledMMLinearKernel", "dtype"] == "fp8"
     linear = new.loc["torch.F.linear"]
     assert (linear.m, linear.n, linear.k) == (4096, 4096, 4096)
     assert linear.latency_ms == pytest.approx(0.16602578428056505)
     assert linear.flops == make_shape("gemm", m=4096, n=4096, k=4096, dtype="bf16").flops == 2 * 4096**3
     old = gemm.loc["aiconfigurator/h100_sxm/vllm-0.19.0"]
     assert set(old.index) == {"torch.F.linear", "vllm.default_fp8_block"}
+    assert old.loc["vllm.default_fp8_block", "dtype"] == "fp8_block"
     assert (rows.source == f"import:aiconfigurator@{AIC_COMMIT[:8]}").all()
     assert (rows.timing == "unknown").all() and rows.samples.isna().all() and rows.latency_p10_ms.isna().all()
     assert (rows.device[rows.device_name == H100] == "h100_sxm").all()
@@ -170,18 +173,157 @@ def test_aiconfigurator_rejects_and_flags(tmp_path):
     assert "1 flagged eta<1" in text and "NVIDIA Z900" in text and "gemm_perf.parquet row 6" in text
 
 
+def test_aiconfigurator_eager_block_fp8_rule(tmp_path):
+    """Eagerly timed fp8_block rows (kernel-class collections) whose roofline is below the kernel's floor in the
+    table are host-bound and rejected; graph-timed 'vllm_default' rows of the same size are kept."""
+    deep, flash = "DeepGemmFp8BlockScaledMMKernel", "FlashInferFp8BlockScaledMMKernel"
+    src = aic_tree(tmp_path, gemm_rows=[  # H100 rows of vLLM 0.24.0 (floors: DeepGEMM 0.1467, FlashInfer 0.0592 ms)
+        _gemm(deep, "fp8_block", 4096, 4096, 4096, 0.146683),    # roofline 0.072 ms < floor: host-bound
+        _gemm(deep, "fp8_block", 8192, 4096, 4096, 0.288517),    # roofline 0.143 ms < floor 0.1467: host-bound
+        _gemm(deep, "fp8_block", 16384, 4096, 4096, 0.589083),   # roofline 0.286 ms > floor: kept
+        _gemm(flash, "fp8_block", 1, 4096, 4096, 0.059211),      # the FlashInfer floor itself: host-bound
+        _gemm(flash, "fp8_block", 8, 4096, 4096, 0.060955),
+        _gemm("CutlassFP8ScaledMMLinearKernel", "fp8", 1, 4096, 4096, 0.0081)])  # graph-timed: never this rule
+    _parquet(src / "data/h100_sxm/gemm/vllm/0.19.0/gemm_perf.parquet", [
+        _gemm("vllm_default", "fp8_block", 1, 4096, 4096, 0.022207, version="0.19.0")])
+    result = aiconfigurator.convert(src)
+    gemm = result.rows[result.rows.family == "gemm"]
+    kept = set(zip(gemm.provider, gemm.m))
+    assert kept == {("vllm.DeepGemmFp8BlockScaledMMKernel", 16384), ("vllm.CutlassFP8ScaledMMLinearKernel", 1),
+                    ("vllm.default_fp8_block", 1)}
+    reasons = result.reasons().set_index("reason")
+    assert reasons.loc[aiconfigurator.EAGER_BLOCK_FP8, "rows"] == 4
+    assert "fp8_block GEMM timed without a CUDA graph" in format_report(result)
+
+
+def _moe(source, dtype, tokens, latency, hidden=4096, inter=2048, topk=6, experts=256, tp=1, ep=1, dist="balanced",
+         version="0.24.0"):
+    return dict(framework="VLLM", version=version, device=H100, op_name="moe", kernel_source=source, moe_dtype=dtype,
+                num_tokens=tokens, hidden_size=hidden, inter_size=inter, topk=topk, num_experts=experts,
+                moe_tp_size=tp, moe_ep_size=ep, distribution=dist, latency=latency)
+
+
+def _mla(op, source, isl, step, batch, latency, kv="bfloat16", gemm="bfloat16", tp=1, model="deepseek-ai/DeepSeek-V3"):
+    return dict(framework="VLLM", version="0.24.0", device=H100, op_name=op, kernel_source=source, model=model,
+                architecture="DeepseekV3ForCausalLM", mla_dtype="bfloat16", kv_cache_dtype=kv, gemm_type=gemm,
+                num_heads=16, batch_size=batch, isl=isl, tp_size=tp, step=step, latency=latency)
+
+
+def _mla_bmm(op, latency):
+    return dict(framework="VLLM", version="0.24.0", device=H100, op_name=op, kernel_source="vllm_torch_bmm",
+                bmm_dtype="bfloat16", num_tokens=64, num_heads=16, latency=latency)
+
+
+def moe_mla_tree(root: Path) -> Path:
+    """aic_tree plus H100 moe, MLA module, kernel-scope MLA and MLA bmm tables (rows of the real files)."""
+    src = aic_tree(root)
+    data = src / "data" / "h100_sxm"
+    _parquet(data / "moe/vllm/0.24.0/moe_perf.parquet", [
+        _moe("vllm_fp8moe_triton_tritonexperts", "fp8_block", 1, 0.082480),
+        _moe("vllm_fp8moe_flashinfer_cutlass_flashinferexperts", "fp8_block", 1, 0.170011, hidden=7168, topk=8,
+             ep=2),
+        _moe("vllm_compressedtensorswna16marlinmoe_marlin_marlinexperts", "int4_wo", 1, 0.108619, hidden=7168,
+             topk=8, experts=384),
+        _moe("vllm_gptossmxfp4moe_triton_oaitritonmxfp4expertsmonolithic", "w4a16_mxfp4", 1, 0.060250,
+             hidden=2880, inter=2880, topk=4, experts=32, dist="power_law_1.01"),
+        _moe("vllm_mxfp4moe_flashinfer_trtllm_mxfp4_mxfp8_trtllmmxfp4expertsmodular", "w4a8_mxfp4_mxfp8", 1, 0.03),
+        _moe("vllm_someday_newbackend_experts", "bfloat16", 1, 0.05),
+        _moe("vllm_fp8moe_triton_tritonexperts", "fp8_block", 1, 0.08, ep=3),       # 256 experts over 3 ranks
+        _moe("vllm_fp8moe_triton_tritonexperts", "fp8_block", 1, 0.08, dist="zipf_1.1")])
+    _parquet(data / "moe/vllm/0.19.0/moe_perf.parquet", [
+        _moe("vllm_fused_moe", "fp8", 1, 0.148155, inter=14336, topk=2, experts=8, version="0.19.0")])
+    _parquet(data / "mla/vllm/0.24.0/mla_context_module_perf.parquet", [
+        _mla("mla_context_module", "FLASH_ATTN_MLA", 1, 0, 2, 0.1002),
+        _mla("mla_context_module", "FLASH_ATTN", 1024, 0, 2, 0.3722),
+        _mla("mla_context_module", "FLASH_ATTN", 1024, 0, 2, 0.3948, kv="fp8", gemm="fp8_block"),
+        _mla("mla_context_module", "FLASH_ATTN", 1024, 0, 2, 0.2, tp=2),
+        _mla("mla_context_module", "FLASH_ATTN", 1024, 0, 2, 0.3, model="moonshotai/Kimi-K2-Instruct")])
+    _parquet(data / "mla/vllm/0.24.0/mla_generation_module_perf.parquet", [
+        _mla("mla_generation_module", "FLASH_ATTN_MLA", 1, 4096, 64, 0.2243),
+        _mla("mla_generation_module", "FLASHMLA", 1, 4096, 64, 0.1869, kv="fp8", gemm="fp8_block"),
+        _mla("mla_generation_module", "FLASHMLA", 2, 4096, 64, 0.19)])
+    _parquet(data / "mla/vllm/0.14.0/context_mla_perf.parquet", [
+        dict(framework="VLLM", version="0.14.0", device=H100, op_name="context_mla",
+             kernel_source="vllm_flash_attn_mla", mla_dtype="bfloat16", kv_cache_dtype="bfloat16", num_heads=32,
+             batch_size=1, isl=1, tp_size=4, step=0, latency=0.183536)])
+    _parquet(data / "mla_bmm/vllm/0.24.0/mla_bmm_perf.parquet",
+             [_mla_bmm("mla_gen_pre", 0.004381), _mla_bmm("mla_gen_post", 0.004797)])
+    return src
+
+
+def test_aiconfigurator_moe_rows(tmp_path):
+    result = aiconfigurator.convert(moe_mla_tree(tmp_path))
+    moe = result.rows[result.rows.family == "moe"]
+    new = moe[moe.sweep_id.str.endswith("0.24.0")].set_index("provider")
+    assert set(new.index) == {"vllm.triton", "vllm.flashinfer_cutlass", "vllm.marlin", "vllm.oai_triton_mxfp4",
+                              "vllm.flashinfer_trtllm_modular"}
+    triton = new.loc["vllm.triton"]
+    assert (triton.tokens, triton.experts, triton.top_k, triton.hidden, triton.intermediate) == (1, 256, 6, 4096, 2048)
+    assert (triton.moe_tp, triton.moe_ep, triton.distribution, triton["dtype"]) == (1, 1, "balanced", "fp8_block")
+    assert triton.latency_ms == pytest.approx(0.082480)
+    assert triton.flops == make_shape("moe", tokens=1, experts=256, top_k=6, hidden=4096, intermediate=2048,
+                                      dtype="fp8_block", moe_tp=1, moe_ep=1, distribution="balanced").flops
+    assert new.loc["vllm.flashinfer_cutlass", "moe_ep"] == 2
+    assert new.loc["vllm.marlin", "dtype"] == "w4a16"                      # int4_wo
+    gptoss = new.loc["vllm.oai_triton_mxfp4"]
+    assert (gptoss["dtype"], gptoss.distribution) == ("w4a16_mxfp4", "power_law_1.01")
+    assert new.loc["vllm.flashinfer_trtllm_modular", "dtype"] == "w4a8_mxfp4"   # w4a8_mxfp4_mxfp8
+    old = moe[moe.sweep_id.str.endswith("0.19.0")].iloc[0]
+    assert (old.provider, old["dtype"], old.intermediate) == ("vllm.triton", "fp8", 14336)  # vllm_fused_moe
+    reasons = result.reasons()
+    counts = reasons[reasons.family == "moe"].set_index("reason")["rows"].to_dict()
+    assert counts == {
+        "kernel_source vllm_someday_newbackend_experts is not in the MoE provider table "
+        "(aiconfigurator.MOE_PROVIDERS)": 1,
+        "invalid shape: moe: experts must divide by moe_ep and intermediate by moe_tp": 1,
+        "invalid shape: moe.distribution must be one of ['balanced', 'uniform', 'power_law_1.01', "
+        "'power_law_1.2']": 1}
+
+
+def test_aiconfigurator_mla_rows(tmp_path):
+    result = aiconfigurator.convert(moe_mla_tree(tmp_path))
+    rows = result.rows
+    dims = dict(hidden=7168, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                v_head_dim=128)
+    pre = rows[rows.family == "mla_prefill"].set_index("latency_ms")
+    assert sorted(pre.index) == [0.1002, 0.3722, 0.3948] and set(pre.provider) == {"vllm.mla_module"}
+    long = pre.loc[0.3722]
+    assert (long.batch, long.seq_q, long.seq_kv, long.heads) == (2, 1024, 1024, 16)
+    assert all(long[k] == v for k, v in dims.items())
+    assert (long["dtype"], long.attn_dtype, long.kv_dtype) == ("bf16", "bf16", "bf16")
+    assert (pre.loc[0.3948, "dtype"], pre.loc[0.3948, "kv_dtype"]) == ("fp8_block", "fp8")  # gemm_type, kv cache
+    assert long.flops == make_shape("mla_prefill", batch=2, seq_q=1024, seq_kv=1024, heads=16, **dims).flops
+    dec = rows[rows.family == "mla_decode"].set_index("latency_ms")
+    assert sorted(dec.index) == [0.1869, 0.2243]
+    assert (dec.loc[0.2243, "batch"], dec.loc[0.2243, "seq_kv"], dec.loc[0.2243, "heads"]) == (64, 4096, 16)  # step
+    assert (dec.loc[0.1869, "dtype"], dec.loc[0.1869, "kv_dtype"]) == ("fp8_block", "fp8")
+    assert pd.isna(dec.loc[0.2243, "seq_q"]) and pd.isna(dec.loc[0.2243, "attn_dtype"])
+    bmm = rows[rows.family == "mla_bmm"].set_index("op")
+    assert (bmm.loc["pre", "tokens"], bmm.loc["pre", "heads"], bmm.loc["post", "head_dim"]) == (64, 16, 128)
+    assert set(bmm.provider) == {"torch.bmm"} and bmm.loc["post", "latency_ms"] == 0.004797
+    reasons = result.reasons()
+    mla = reasons[reasons.family.str.startswith("mla")].set_index(["family", "reason"])["rows"].to_dict()
+    assert mla == {
+        ("mla_prefill", aiconfigurator.LEGACY_MLA): 1,
+        ("mla_prefill", "tp_size is not 1 (num_heads are the heads of the GPU measured)"): 1,
+        ("mla_prefill", "model moonshotai/Kimi-K2-Instruct has no MLA dims (aiconfigurator.MLA_MODELS)"): 1,
+        ("mla_decode", "isl is not 1 (a decode step adds one token per sequence)"): 1}
+    assert "context_mla_perf.parquet row 0" in format_report(result)
+
+
 def test_aiconfigurator_row_without_a_roofline_is_rejected(tmp_path):
     src = aic_tree(tmp_path)
     (src / "systems" / "a100_sxm.yaml").write_text("node:\n  num_gpus_per_node: 8\n")
     a100 = "NVIDIA A100-SXM4-80GB"
     _parquet(src / "data/a100_sxm/gemm/vllm/0.14.0/gemm_perf.parquet", [
         _gemm("vllm_default", "bfloat16", 4096, 4096, 4096, 0.5, device=a100, version="0.14.0"),
-        _gemm("vllm_default", "fp8", 4096, 4096, 4096, 0.5, device=a100, version="0.14.0")])  # Ampere: no fp8
+        _gemm("vllm_default", "fp8", 4096, 4096, 4096, 0.5, device=a100, version="0.14.0"),  # weight-only: bf16
+        _gemm("vllm_default", "fp4", 4096, 4096, 4096, 0.5, device=a100, version="0.14.0")])  # fp4 math: none
     result = aiconfigurator.convert(src)
-    assert result.rows[result.rows.device == "a100_sxm"]["dtype"].tolist() == ["bf16"]
+    assert result.rows[result.rows.device == "a100_sxm"]["dtype"].tolist() == ["bf16", "fp8"]
     reason = result.reasons().set_index("device").loc["a100_sxm"]
-    assert reason.reason.startswith("no roofline: GPU 'a100_sxm'") and "no fp8 peak" in reason.reason
-    assert reason.example.endswith("gemm_perf.parquet row 1")
+    assert reason.reason.startswith("no roofline: GPU 'a100_sxm'") and "no fp4 peak" in reason.reason
+    assert reason.example.endswith("gemm_perf.parquet row 2")
 
 
 # -- vidur --------------------------------------------------------------------
@@ -378,6 +520,22 @@ def test_missing_column_is_one_line(tmp_path):
     assert _one_line(e) == f"{path}: missing column(s) message_size"
 
 
+def test_corrupt_moe_and_mla_tables_are_one_line(tmp_path):
+    src = moe_mla_tree(tmp_path)
+    moe = src / "data/h100_sxm/moe/vllm/0.24.0/moe_perf.parquet"
+    good = moe.read_bytes()
+    moe.write_bytes(good[: len(good) // 2])
+    with pytest.raises(KernelsightError) as e:
+        aiconfigurator.convert(src)
+    assert str(moe) in _one_line(e) and "not a readable Parquet file" in str(e.value)
+    moe.write_bytes(good)
+    mla = src / "data/h100_sxm/mla/vllm/0.24.0/mla_generation_module_perf.parquet"
+    pd.read_parquet(mla).drop(columns="gemm_type").to_parquet(mla)
+    with pytest.raises(KernelsightError) as e:
+        aiconfigurator.convert(src)
+    assert _one_line(e) == f"{mla}: missing column(s) gemm_type"
+
+
 def test_missing_folders_and_notes(tmp_path):
     with pytest.raises(KernelsightError, match="no such vidur folder"):
         vidur.convert(tmp_path / "nowhere")
@@ -424,7 +582,7 @@ def test_write_public_round_trip_and_determinism(tmp_path):
     assert env["sweeps"]["aiconfigurator/h100_sxm/vllm-0.24.0"] == {"runtime": ["VLLM 0.24.0", "vLLM 0.24.0"]}
     note = (tmp_path / "a" / "aiconfigurator" / "SOURCE.md").read_text()
     assert note.startswith("Source: github.com/ai-dynamo/aiconfigurator") and "## Conversion by kernelsight" in note
-    assert "| h100_sxm | gemm | 5 | 0 | 0 |" in note
+    assert "| h100_sxm | gemm | 5 | 0 | 1 |" in note
 
 
 # -- commands -------------------------------------------------------------------

@@ -3,15 +3,19 @@ traces, Hugging Face configs): the files, their licences and provenance notes, a
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
+import pyarrow.parquet as pq
 import pytest
 
-from kernelsight.calibrate.importers.common import ETA_LT_1
+from kernelsight.calibrate.importers import aiconfigurator
+from kernelsight.calibrate.importers.common import ETA_LT_1, write_public
 from kernelsight.predictor.paths import conf_dir, data_dir
 from kernelsight.predictor.sweep import read_environment, read_sweep
 
 VIDUR_COMMIT = "7d47513363ec447a741ac5e47241580b47724fbf"  # the Vidur commit the traces were copied from
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"  # conf/import.yaml's default src
 
 
 COMMITTED = {
@@ -49,3 +53,20 @@ def test_committed_reference_copies():
     hf = conf_dir() / "model" / "hf"
     assert (hf / "SOURCE.md").is_file() and (hf / "meta-llama--Meta-Llama-3.1-8B_config.json").is_file()
     assert json.loads((hf / "meta-llama--Meta-Llama-3.1-8B_config.json").read_text())["hidden_size"] == 4096
+
+
+@pytest.mark.slow
+def test_committed_aiconfigurator_equals_a_reimport(tmp_path):
+    """data/public/aiconfigurator is exactly what the importer makes of the reference data today (schema, rows,
+    metadata, SOURCE.md): a change to a cost model, a family or the importer must come with re-imported data."""
+    src = SHARED_DATA / "aiconfigurator"
+    if not src.is_dir():
+        pytest.skip(f"{src} (the public reference data) is not here")
+    write_public(aiconfigurator.convert(src), tmp_path, aiconfigurator.CONVERSION)
+    fresh, committed = tmp_path / "aiconfigurator", data_dir() / "public" / "aiconfigurator"
+    assert sorted(p.name for p in fresh.iterdir()) == sorted(p.name for p in committed.iterdir())
+    assert (fresh / "SOURCE.md").read_text() == (committed / "SOURCE.md").read_text()
+    for new in sorted(fresh.glob("*.parquet")):
+        old = committed / new.name
+        assert pq.read_schema(new).equals(pq.read_schema(old), check_metadata=True), new.name
+        assert pq.read_table(new).equals(pq.read_table(old)), new.name

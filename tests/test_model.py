@@ -15,19 +15,36 @@ from kernelsight.sim.parallel import ParallelConfig, load_parallel, shard, weigh
 
 PROVENANCE = ("name", "hf_repo", "hf_config")
 
-# Published parameter counts (model cards): total and, for MoE, activated per token.
+# Published parameter counts (model cards): total and, for MoE, activated per token (None: the card gives a
+# rounded figure only). Llama-4's totals include the vision encoder, which the text config leaves out (~1 %).
 PUBLISHED = {
     "llama3.1-8b": (8.03e9, None),
     "llama3.1-70b": (70.6e9, None),
+    "llama3.1-405b": (405.9e9, None),
     "qwen3-8b": (8.2e9, None),
     "qwen3-32b": (32.8e9, None),
     "mistral-7b": (7.25e9, None),
     "gemma2-9b": (9.24e9, None),
     "phi-4": (14.7e9, None),
     "qwen3-30b-a3b": (30.5e9, 3.3e9),
+    "qwen3-30b-a3b-fp8": (30.5e9, 3.3e9),
     "qwen3-235b-a22b": (235e9, 22e9),
+    "qwen3-235b-a22b-fp8": (235e9, 22e9),
+    "qwen3-235b-a22b-nvfp4": (235e9, 22e9),
     "mixtral-8x7b": (46.7e9, 12.9e9),
+    "mixtral-8x22b": (141e9, 39e9),
+    "gpt-oss-20b": (20.91e9, 3.61e9),
+    "gpt-oss-120b": (116.83e9, 5.13e9),
+    "minimax-m2.5": (230e9, None),
+    "deepseek-v3": (671e9, 37e9),
+    "deepseek-r1": (671e9, 37e9),
+    "deepseek-v3.1-nvfp4": (671e9, 37e9),
+    "kimi-k2": (1.03e12, None),  # the Hub's safetensors count; the card rounds it to 1T total, 32B active
+    "llama4-scout": (109e9, 17e9),
+    "llama4-maverick": (400e9, 17e9),
 }
+# OpenAI counts a token's active parameters without the input embedding (a lookup, not a matmul).
+ACTIVE_WITHOUT_EMBEDDING = ("gpt-oss-20b", "gpt-oss-120b")
 
 LLAMA_8B_HF = {
     "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
@@ -61,7 +78,13 @@ def test_parameter_counts_match_the_model_cards(name):
     total, active = PUBLISHED[name]
     model = load_model(name)
     assert model.num_params() == pytest.approx(total, rel=0.02)
-    assert model.active_params() == pytest.approx(active or total, rel=0.02)
+    if model.moe is None:
+        assert model.active_params() == model.num_params()
+    if active is not None:
+        ours = model.active_params()
+        if name in ACTIVE_WITHOUT_EMBEDDING:
+            ours -= model.param_counts()["embedding"]
+        assert ours == pytest.approx(active, rel=0.02)
 
 
 def test_fp8_checkpoints_set_weight_and_kv_dtypes(tmp_path):
@@ -99,18 +122,18 @@ def test_hf_parsing_follows_vllm_defaults():
     for field in PROVENANCE:
         ours.pop(field), shipped.pop(field)
     assert ours == shipped
-    kinds = {k.name: (k.count, k.window) for k in gemma.layer_kinds()}
+    kinds = {k.name: (k.count, k.window) for k in gemma.attention_kinds()}
     assert kinds == {"sliding": (21, 4096), "full": (21, 0)}
 
 
 def test_unsupported_architecture_is_refused_by_name(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({**LLAMA_8B_HF, "architectures": ["DeepseekV3ForCausalLM"]}))
-    with pytest.raises(KernelsightError, match="'DeepseekV3ForCausalLM' is not supported") as e:
+    path.write_text(json.dumps({**LLAMA_8B_HF, "architectures": ["Qwen3NextForCausalLM"]}))
+    with pytest.raises(KernelsightError, match="'Qwen3NextForCausalLM' is not supported") as e:
         load_model(path)
     assert "\n" not in str(e.value) and str(path) in str(e.value)
-    with pytest.raises(KernelsightError, match="quant_method 'awq' is not supported"):
-        from_hf({**LLAMA_8B_HF, "quantization_config": {"quant_method": "awq"}}, "x", "cfg")
+    with pytest.raises(KernelsightError, match="'quantization_config.quant_method' = 'bitsandbytes' is not supported"):
+        from_hf({**LLAMA_8B_HF, "quantization_config": {"quant_method": "bitsandbytes"}}, "x", "cfg")
 
 
 def _yaml_error(tmp_path, **changes) -> str:
@@ -354,3 +377,256 @@ def test_parallel_layout_sizes_are_checked_however_it_is_built(changes, message)
         ParallelConfig.from_mapping({"name": "x", "tp": True}, "conf/parallel/x.yaml")
     with pytest.raises(KernelsightError, match="pp=81 exceeds the 80 layers"):
         shard(load_model("llama3.1-70b"), ParallelConfig("x", tp=8, pp=81))
+
+
+# -- the architectures of MoE, MLA and hybrid-attention models, and weight formats -----------------------------
+
+def _raw(model) -> dict:
+    """The shipped model's config.json (Llama-4: its text_config, with the top level's keys beside it)."""
+    raw = json.loads((model_dir() / model.hf_config).read_text())
+    return {**raw, **raw.get("text_config", {})}
+
+
+# Fields of the new architectures' YAML files against the raw config.json, key by key (independent of the parser).
+RAW_FIELDS = {
+    "GptOssForCausalLM": {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
+                          "kv_heads": "num_key_value_heads", "head_dim": "head_dim", "vocab": "vocab_size",
+                          "sliding_window": "sliding_window", "attention_bias": "attention_bias",
+                          "moe.experts": "num_local_experts", "moe.top_k": "num_experts_per_tok",
+                          "moe.intermediate": "intermediate_size"},
+    "MiniMaxM2ForCausalLM": {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
+                             "kv_heads": "num_key_value_heads", "head_dim": "head_dim", "rotary_dim": "rotary_dim",
+                             "vocab": "vocab_size", "max_position": "max_position_embeddings",
+                             "moe.experts": "num_local_experts", "moe.top_k": "num_experts_per_tok",
+                             "moe.intermediate": "intermediate_size", "moe.scoring": "scoring_func"},
+    "DeepseekV3ForCausalLM": {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
+                              "intermediate": "intermediate_size", "vocab": "vocab_size",
+                              "max_position": "max_position_embeddings", "mla.q_lora_rank": "q_lora_rank",
+                              "mla.kv_lora_rank": "kv_lora_rank", "mla.qk_nope_head_dim": "qk_nope_head_dim",
+                              "mla.qk_rope_head_dim": "qk_rope_head_dim", "mla.v_head_dim": "v_head_dim",
+                              "moe.experts": "n_routed_experts", "moe.top_k": "num_experts_per_tok",
+                              "moe.intermediate": "moe_intermediate_size", "moe.first_dense": "first_k_dense_replace",
+                              "moe.scoring": "scoring_func"},
+    "Llama4ForConditionalGeneration": {"hidden": "hidden_size", "layers": "num_hidden_layers",
+                                       "heads": "num_attention_heads", "kv_heads": "num_key_value_heads",
+                                       "head_dim": "head_dim", "vocab": "vocab_size",
+                                       "max_position": "max_position_embeddings",
+                                       "attention_chunk": "attention_chunk_size", "moe.experts": "num_local_experts",
+                                       "moe.top_k": "num_experts_per_tok", "moe.intermediate": "intermediate_size",
+                                       "moe.shared_intermediate": "intermediate_size",
+                                       "moe.every": "interleave_moe_layer_step"},
+    "MixtralForCausalLM": {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
+                           "moe.experts": "num_local_experts", "moe.intermediate": "intermediate_size"},
+    "Qwen3MoeForCausalLM": {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
+                            "moe.experts": "num_experts", "moe.intermediate": "moe_intermediate_size"},
+    "LlamaForCausalLM": {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
+                         "kv_heads": "num_key_value_heads", "intermediate": "intermediate_size", "vocab": "vocab_size"},
+}
+NEW_MODELS = ("gpt-oss-20b", "gpt-oss-120b", "minimax-m2.5", "deepseek-v3", "deepseek-r1", "kimi-k2",
+              "deepseek-v3.1-nvfp4", "llama4-scout", "llama4-maverick", "mixtral-8x22b", "qwen3-30b-a3b-fp8",
+              "qwen3-235b-a22b-nvfp4", "llama3.1-405b")
+
+
+@pytest.mark.parametrize("name", NEW_MODELS)
+def test_new_architectures_take_their_sizes_from_config_json(name):
+    model = load_model(name)
+    raw = _raw(model)
+    yaml_form = model.as_dict()
+    for field, key in RAW_FIELDS[model.architecture].items():
+        section, _, sub = field.partition(".")
+        ours = yaml_form[section][sub] if sub else yaml_form[field]
+        assert ours == raw[key], (name, field, key)
+    if model.mla:  # vLLM's MLA: one KV head whose row is the latent plus the rotary key
+        assert (model.kv_heads, model.head_dim) == (1, raw["kv_lora_rank"] + raw["qk_rope_head_dim"])
+        assert model.moe.shared_intermediate == raw["n_shared_experts"] * raw["moe_intermediate_size"]
+        assert (model.dense_layers, model.moe_layers) == (raw["first_k_dense_replace"],
+                                                          raw["num_hidden_layers"] - raw["first_k_dense_replace"])
+
+
+def test_layer_plans_of_hybrid_attention_and_interleaved_moe():
+    oss = load_model("gpt-oss-120b")
+    raw = _raw(oss)
+    assert [p.window for p in oss.layer_plan()] == [128 if t == "sliding_attention" else 0 for t in raw["layer_types"]]
+    assert {k.name: (k.count, k.window) for k in oss.attention_kinds()} == {"sliding": (18, 128), "full": (18, 0)}
+    scout, maverick = load_model("llama4-scout"), load_model("llama4-maverick")
+    # transformers' default no_rope_layers: every 4th layer (3, 7, ...) without RoPE, attending globally
+    assert [i for i, p in enumerate(scout.layer_plan()) if not p.rope] == list(range(3, 48, 4))
+    assert {k.name: (k.count, k.chunk) for k in scout.attention_kinds()} == {"chunked": (36, 8192), "full": (12, 0)}
+    assert (scout.moe_layers, maverick.moe_layers, maverick.dense_layers) == (48, 24, 24)
+    assert [i for i, p in enumerate(maverick.layer_plan()) if p.moe] == list(range(1, 48, 2))
+    assert maverick.intermediate == _raw(maverick)["intermediate_size_mlp"]
+    assert (scout.qk_norm, maverick.qk_norm) == ("head", "none")
+
+
+def test_weight_formats_come_from_the_checkpoint_per_component():
+    assert load_model("deepseek-v3").weight_dtype == "fp8_block"
+    assert load_model("qwen3-235b-a22b-fp8").weight_dtype == "fp8_block"
+    oss = load_model("gpt-oss-120b")  # mxfp4: vLLM quantizes the experts only
+    assert {c: oss.weight_format(c) for c in oss.components()} == {
+        "attention": "bf16", "attention_out": "bf16", "experts": "mxfp4"}
+    nv = load_model("deepseek-v3.1-nvfp4")  # exclude_modules: q_a, q_b, kv_a, kv_b of every layer; o_proj is NVFP4
+    assert {c: nv.weight_format(c) for c in nv.components()} == {
+        "attention": "bf16", "attention_out": "nvfp4", "mlp": "nvfp4", "experts": "nvfp4", "shared_experts": "nvfp4"}
+    assert nv.kv_dtype == "fp8"
+    qwen = load_model("qwen3-235b-a22b-nvfp4")  # exclude_modules: router gates and lm_head only
+    assert {qwen.weight_format(c) for c in qwen.components()} == {"nvfp4"} and qwen.kv_dtype == "fp8"
+    assert load_model("minimax-m2.5").weight_dtype == "fp8_block"  # gate / lm_head left out: not components
+
+
+def _quantized(quant: dict, base: dict | None = None) -> ModelConfig:
+    return from_hf({**(base or LLAMA_8B_HF), "quantization_config": quant}, "x--y", "cfg.json")
+
+
+QWEN_MOE_HF = {"architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "num_attention_heads": 32,
+               "num_key_value_heads": 4, "head_dim": 128, "num_hidden_layers": 4, "num_experts": 8,
+               "num_experts_per_tok": 2, "moe_intermediate_size": 768, "vocab_size": 1000,
+               "max_position_embeddings": 4096, "hidden_act": "silu", "torch_dtype": "bfloat16"}
+
+
+def test_quantization_methods_map_to_weight_formats_as_vllm_reads_them():
+    assert _quantized({"quant_method": "fp8", "activation_scheme": "dynamic"}).weight_dtype == "fp8"
+    assert _quantized({"quant_method": "fp8", "weight_block_size": [128, 128]}).weight_dtype == "fp8_block"
+    assert _quantized({"quant_method": "awq", "bits": 4, "group_size": 128}).weight_dtype == "w4a16"
+    assert _quantized({"quant_method": "gptq", "bits": 4, "group_size": 128}).weight_dtype == "w4a16"
+    opt = _quantized({"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+                      "kv_cache_quant_algo": "FP8", "exclude_modules": ["lm_head"]})
+    assert (opt.weight_dtype, opt.kv_dtype) == ("nvfp4", "fp8")
+
+    def ct(weights, acts, **extra):
+        return {"quant_method": "compressed-tensors", "format": "x", **extra,
+                "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts}}}
+    fp8_act = {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True}
+    assert _quantized(ct({"num_bits": 8, "type": "float", "strategy": "channel"}, fp8_act)).weight_dtype == "fp8"
+    assert _quantized(ct({"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [128, 128]},
+                         fp8_act)).weight_dtype == "fp8_block"
+    assert _quantized(ct({"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128},
+                         None)).weight_dtype == "w4a16"
+    fp4 = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}
+    m = _quantized(ct(fp4, {**fp4, "dynamic": "local"}, ignore=["lm_head", "re:.*self_attn.*"]))
+    assert (m.weight_dtype, m.weight_format("attention"), m.weight_format("attention_out")) == ("nvfp4", "bf16", "bf16")
+    # groups per component: int4 experts, fp8 attention
+    moe = _quantized({"quant_method": "compressed-tensors", "config_groups": {
+        "experts": {"targets": ["re:.*mlp.experts.*"], "weights": {"num_bits": 4, "type": "int", "strategy": "group",
+                                                                   "group_size": 128}},
+        "attention": {"targets": ["re:.*self_attn.*"], "input_activations": fp8_act,
+                      "weights": {"num_bits": 8, "type": "float", "strategy": "tensor"}}},
+        "ignore": ["lm_head"]}, QWEN_MOE_HF)
+    assert {c: moe.weight_format(c) for c in moe.components()} == {
+        "attention": "fp8", "attention_out": "fp8", "experts": "w4a16"}
+    # modules_to_not_convert keeps a component 16-bit when it names it in every layer
+    kept = _quantized({"quant_method": "fp8", "weight_block_size": [128, 128],
+                       "modules_to_not_convert": ["model.layers.*.self_attn.o_proj", "lm_head"]})
+    assert (kept.weight_format("attention"), kept.weight_format("attention_out")) == ("fp8_block", "bf16")
+
+
+def test_memory_uses_each_components_bytes_and_mlas_latent_cache():
+    from kernelsight.predictor.dtypes import BYTES
+    oss = load_model("gpt-oss-120b")
+    par = load_parallel("tp8")
+    c = oss.param_counts()
+    h, tp = oss.hidden, 8
+    expected = (c["experts"] * BYTES["mxfp4"] / tp + c["expert_bias"] * 2 / tp  # experts over the 8 GPUs
+                + (c["attn_q"] + c["attn_o"]) * 2 / tp + c["attn_kv"] * 2 / 8  # one of 8 KV heads per GPU
+                + c["attn_bias"] * 2 + c["attn_sinks"] * 4 / tp + c["router"] * 2 + c["norms"] * 2
+                + 2 * 2 * 201088 * h / tp)  # embedding and LM head (vocab padded to 64: 201088 already is)
+    assert weight_bytes_per_gpu(oss, par) == pytest.approx(expected, rel=1e-9)
+    # the same model in bf16 throughout: the experts are 2 / 0.53 times heavier, the rest the same
+    bf16 = ModelConfig(**{**vars(oss), "weight_dtype": "bf16", "weight_formats": None})
+    assert weight_bytes_per_gpu(bf16, par) - weight_bytes_per_gpu(oss, par) == pytest.approx(
+        c["experts"] * (2 - BYTES["mxfp4"]) / tp, rel=1e-9)
+    # MLA: one latent row (kv_lora_rank + qk_rope_head_dim) per token and layer, whole on every TP rank
+    engine = load_engine("vllm_v1")
+    from kernelsight.sim.memory import kv_block_bytes
+    ds = load_model("deepseek-v3")
+    for tp in (1, 8):
+        assert kv_block_bytes(ds, engine, ParallelConfig("x", tp=tp)) == 16 * 61 * (512 + 64) * 2
+    # weights of DeepSeek-V3 on 8 GPUs: ~671 GB of fp8 over 8, plus the replicated down-projections and the
+    # 16-bit W_UK / W_UV copies vLLM keeps for the absorbed decode
+    per_gpu = weight_bytes_per_gpu(ds, load_parallel("tp8_ep8")) / GiB
+    assert 78 < per_gpu < 82
+    plan = memory_plan(ds, load_hardware("h200_sxm"), engine, load_parallel("tp8_ep8"))
+    assert plan.kv_tokens > 500_000  # the latent cache is small: about 70 KB per token over 61 layers
+
+
+def test_hf_quantization_problems_are_one_line_naming_file_and_field(tmp_path):
+    assert "field 'quantization_config.quant_method' = 'bitsandbytes' is not supported" in _hf_error(
+        tmp_path, quantization_config={"quant_method": "bitsandbytes"})
+    assert "missing field 'quantization_config.quant_method'" in _hf_error(tmp_path, quantization_config={"bits": 4})
+    assert "field 'quantization_config.weight_block_size' = [128]: must be a list of two integers" in _hf_error(
+        tmp_path, quantization_config={"quant_method": "fp8", "weight_block_size": [128]})
+    assert "field 'quantization_config.weight_block_size' = [64, 64]: only 128x128 blocks" in _hf_error(
+        tmp_path, quantization_config={"quant_method": "fp8", "weight_block_size": [64, 64]})
+    assert "field 'quantization_config.bits' = 8" in _hf_error(
+        tmp_path, quantization_config={"quant_method": "gptq", "bits": 8, "group_size": 128})
+    assert "field 'quantization_config.config_groups' = 'all'" in _hf_error(
+        tmp_path, quantization_config={"quant_method": "compressed-tensors", "config_groups": "all"})
+    assert "field 'quantization_config.config_groups.g.weights.num_bits' = 8" in _hf_error(
+        tmp_path, quantization_config={"quant_method": "compressed-tensors", "config_groups": {"g": {
+            "targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "strategy": "channel"},
+            "input_activations": {"num_bits": 8, "type": "int"}}}})
+    assert "field 'quantization_config.modules_to_not_convert' = 'lm_head': must be a list of strings" in _hf_error(
+        tmp_path, quantization_config={"quant_method": "fp8", "modules_to_not_convert": "lm_head"})
+    # a component excluded in some layers only: formats per layer are not modelled
+    assert "field 'quantization_config.ignored_layers' names 3 of the 96 checkpoint modules of component " \
+           "'attention'" in _hf_error(
+        tmp_path, quantization_config={"quant_method": "fp8", "ignored_layers": ["model.layers.0.self_attn.q_proj",
+                                                                              "model.layers.0.self_attn.k_proj",
+                                                                              "model.layers.0.self_attn.v_proj"]})
+    assert "'mxfp4': vLLM applies it to MoE experts only" in _hf_error(tmp_path,
+                                                                       quantization_config={"quant_method": "mxfp4"})
+
+
+def _arch_error(tmp_path, shipped: str, **changes) -> str:
+    """The one-line error of a shipped model's config.json with `changes` (None deletes a key)."""
+    raw = json.loads((model_dir() / load_model(shipped).hf_config).read_text())
+    config = {k: v for k, v in {**raw, **changes}.items() if v is not None or k not in changes}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    with pytest.raises(KernelsightError) as e:
+        load_model(tmp_path)
+    message = str(e.value)
+    assert "\n" not in message and str(path) in message, message
+    return message
+
+
+def test_hf_architecture_problems_are_one_line_naming_file_and_field(tmp_path):
+    types = ["sliding_attention", "full_attention"] * 12
+    assert "field 'layer_types' has 23 entries, num_hidden_layers = 24" in _arch_error(
+        tmp_path, "gpt-oss-20b", layer_types=types[:23])
+    assert "field 'layer_types': entry 'local_attention' is not one of" in _arch_error(
+        tmp_path, "gpt-oss-20b", layer_types=["local_attention"] * 24)
+    assert "field 'layer_types': sliding_attention on layers [0, 1]; sliding layers are modelled" in _arch_error(
+        tmp_path, "gpt-oss-20b", layer_types=["sliding_attention"] * 2 + ["full_attention"] * 22)
+    assert "field 'qk_rope_head_dim' = 63: RoPE rotates pairs" in _arch_error(tmp_path, "deepseek-v3",
+                                                                            qk_rope_head_dim=63)
+    assert "field 'num_key_value_heads' = 8: MLA derives" in _arch_error(tmp_path, "deepseek-v3",
+                                                                        num_key_value_heads=8)
+    assert "missing field 'kv_lora_rank'" in _arch_error(tmp_path, "deepseek-v3", kv_lora_rank=None)
+    assert "field 'first_k_dense_replace' = 70: exceeds num_hidden_layers = 61" in _arch_error(
+        tmp_path, "deepseek-v3", first_k_dense_replace=70)
+    assert "field 'moe_layer_freq' = 2" in _arch_error(tmp_path, "deepseek-v3", moe_layer_freq=2)
+    assert "field 'text_config.no_rope_layers'" in _arch_error(
+        tmp_path, "llama4-scout", text_config={**_raw(load_model("llama4-scout"))["text_config"],
+                                               "no_rope_layers": [1, 0] * 10})
+    assert "field 'rotary_dim' = 129" in _arch_error(tmp_path, "minimax-m2.5", rotary_dim=129)
+    assert "missing field 'text_config'" in _arch_error(tmp_path, "llama4-scout", text_config=None)
+
+
+def test_bad_mla_and_format_yaml_gets_one_line_naming_file_and_field(tmp_path):
+    def error(shipped, **changes):
+        data = {**load_model(shipped).as_dict(), **changes}
+        path = tmp_path / "bad.yaml"
+        path.write_text(yaml.safe_dump(data))
+        with pytest.raises(KernelsightError) as e:
+            load_model(path)
+        assert "\n" not in str(e.value) and "bad.yaml" in str(e.value)
+        return str(e.value)
+    assert "field 'head_dim': 192: MLA's cached row is mla.kv_lora_rank + mla.qk_rope_head_dim = 576" in error(
+        "deepseek-v3", head_dim=192)
+    assert "field 'kv_heads': 128: MLA caches one latent" in error("deepseek-v3", kv_heads=128)
+    assert "field 'mla'" in error("llama3.1-8b", mla=load_model("deepseek-v3").as_dict()["mla"])
+    assert "field 'weight_formats.experts' = 'int3'" in error("gpt-oss-20b", weight_formats={"experts": "int3"})
+    assert "field 'weight_formats.mlp': this model has no mlp" in error("gpt-oss-20b", weight_formats={"mlp": "bf16"})
+    assert "field 'intermediate'" in error("llama4-maverick", intermediate=0)
+    assert "field 'moe.first_dense'" in error("deepseek-v3", moe={**load_model("deepseek-v3").as_dict()["moe"],
+                                                                   "first_dense": 61})

@@ -296,3 +296,31 @@ def test_streaming_percentiles_match_exact_ones():
     assert dist.std == pytest.approx(ms.std(), rel=1e-9)
     for q in (0.0, 0.01, 0.5, 0.9, 0.99, 1.0):
         assert dist.quantile(q) == pytest.approx(np.quantile(ms, q, method="lower"), rel=6e-4)
+
+
+ARCHITECTURES = [  # a config.json of each supported MoE / MLA / hybrid-attention family, on a layout it fits
+    ("openai--gpt-oss-120b_config.json", "h100_sxm", {"tp": 8}),
+    ("MiniMaxAI--MiniMax-M2.5_config.json", "h200_sxm", {"tp": 8, "ep": 8}),
+    ("deepseek-ai--DeepSeek-V3_config.json", "h200_sxm", {"tp": 8, "ep": 8}),
+    ("moonshotai--Kimi-K2-Instruct_config.json", "h200_sxm", {"tp": 8, "attention_dp": 2, "ep": 16}),
+    ("nvidia--DeepSeek-V3.1-NVFP4_config.json", "h200_sxm", {"tp": 8, "ep": 8}),
+    ("meta-llama--Llama-4-Scout-17B-16E-Instruct_config.json", "h100_sxm", {"tp": 8}),
+    ("meta-llama--Llama-4-Maverick-17B-128E-Instruct_config.json", "h200_sxm", {"tp": 8, "ep": 8}),
+    ("mistralai--Mixtral-8x22B-v0.1_config.json", "h100_sxm", {"tp": 8}),
+    ("Qwen--Qwen3-30B-A3B-FP8_config.json", "h100_sxm", {"tp": 1}),
+    ("nvidia--Qwen3-235B-A22B-NVFP4_config.json", "h200_sxm", {"tp": 8, "ep": 8}),
+    ("meta-llama--Meta-Llama-3.1-405B_config.json", "h200_sxm", {"tp": 8}),
+]
+
+
+@pytest.mark.parametrize("config_file, gpu, layout", ARCHITECTURES, ids=[a[0].split("--")[1] for a in ARCHITECTURES])
+def test_every_architecture_simulates_from_its_config_json(config_file, gpu, layout):
+    import kernelsight
+    from kernelsight.sim.parallel import ParallelConfig
+
+    result = kernelsight.simulate(model=conf_dir() / "model" / "hf" / config_file, hardware=gpu,
+                                  parallel=ParallelConfig("layout", **layout), num_requests=6,
+                                  **{"predictor.tier": "roofline", "workload.input.value": 3000,
+                                     "workload.output.value": 8})
+    assert result.summary["completed"] == 6
+    assert 0 < result.metrics["tpot_ms"]["mean"] < result.metrics["e2el_ms"]["mean"]

@@ -11,8 +11,9 @@ Routing sets how many (token, expert) pairs land on this GPU's experts and how m
 - uniform: every token draws top_k experts at random (softmax of random logits; our harness);
 - power_law_<alpha>: per-expert loads drawn from a power law, as aiconfigurator's collector does
   (loads x^-alpha on [1, 0.8 tokens], or [0.01, 2] when tokens * top_k <= experts, scaled to
-  tokens * top_k and rounded), and the GPU measured is the most loaded one of the EP group: the slowest
-  rank sets the layer's time. Expectations over 16 fixed-seed draws.
+  tokens * top_k and rounded; an expert takes at most `tokens` pairs, since a token picks an expert once,
+  the excess going to the most loaded experts with room), and the GPU measured is the most loaded one of
+  the EP group: the slowest rank sets the layer's time. Expectations over 16 fixed-seed draws.
 
 Work on this GPU: 6 * pairs * hidden * intermediate_local FLOPs; weights read once per hit local expert;
 activations per pair (the quantised input row, the 16-bit gate-up output and activation, the 16-bit
@@ -47,6 +48,32 @@ class MoeShape(Shape):
     distribution: str = "uniform"
 
 
+def power_law_loads(u: np.ndarray, tokens: int, top_k: int, ep: int, alpha: float) -> np.ndarray:
+    """Pairs per expert from one uniform draw u [experts], as aiconfigurator's collector draws them, each at most `tokens`,
+    with the most loaded EP rank's experts first."""
+    experts = u.size
+    pairs = tokens * top_k
+    lo, hi = (1.0, tokens * 0.8) if pairs > experts else (0.01, 2.0)
+    x = ((hi ** (1 - alpha) - lo ** (1 - alpha)) * u + lo ** (1 - alpha)) ** (1 / (1 - alpha))
+    loads = np.round(x / x.sum() * pairs)
+    loads[np.argmax(loads)] += pairs - loads.sum()
+    loads = np.clip(loads, 0, tokens).astype(np.int64)
+    short = pairs - int(loads.sum())
+    # the cap's excess (or a rounding gap) goes to the most loaded experts with room, ties broken by the
+    # drawn x, not by expert id (which would always pick the lowest-numbered experts)
+    for e in np.lexsort((-x, -loads)):
+        if short == 0:
+            break
+        step = min(tokens - loads[e], short) if short > 0 else -min(loads[e], -short)
+        loads[e] += step
+        short -= step
+    per_rank = loads.reshape(ep, experts // ep)
+    rank = int(np.argmax(per_rank.sum(axis=1)))
+    per_rank[[0, rank]] = per_rank[[rank, 0]]
+    return per_rank.reshape(-1)
+
+
+
 @lru_cache(maxsize=65536)
 def local_routing(tokens: int, experts: int, top_k: int, ep: int, distribution: str) -> tuple[float, float, float]:
     """(pairs, hit experts, 128-row tiles) on the measured GPU's experts / ep experts, expected values."""
@@ -63,15 +90,9 @@ def local_routing(tokens: int, experts: int, top_k: int, ep: int, distribution: 
         return pairs, hit, hit * np.ceil(pairs / max(hit, 1e-9) / TILE) if hit else 0.0
     alpha = float(distribution.removeprefix("power_law_"))
     rng = np.random.default_rng(0)
-    lo, hi = (1.0, tokens * 0.8) if pairs_total > experts else (0.01, 2.0)
     out = np.zeros(3)
     for _ in range(DRAWS):
-        u = rng.random(experts)
-        x = ((hi ** (1 - alpha) - lo ** (1 - alpha)) * u + lo ** (1 - alpha)) ** (1 / (1 - alpha))
-        loads = np.round(x / x.sum() * pairs_total)
-        loads[np.argmax(loads)] += pairs_total - loads.sum()   # the collector fixes the rounding on the largest
-        loads = np.maximum(loads, 0).reshape(ep, local)
-        rank = loads[np.argmax(loads.sum(axis=1))]             # the most loaded rank
+        rank = power_law_loads(rng.random(experts), tokens, top_k, ep, alpha)[:local]  # the most loaded rank
         out += (rank.sum(), np.count_nonzero(rank), np.ceil(rank / TILE).sum())
     return tuple(out / DRAWS)
 

@@ -1,0 +1,169 @@
+"""Fast-forwarded decode runs give what step-by-step simulation gives, on every output.
+
+Each case simulates one workload twice from the same setup, with fast_forward on and off, writing the
+run's files (recorder on) and keeping the request table: every summary metric (TTFT, TPOT, ITL, E2E
+latency statistics, throughputs, KV and queue statistics, step count), the per-family GPU-time breakdown
+and its phase split, the breakdown's sampled steps, requests.parquet, steps.parquet and trace.json
+must match. Step times are computed with the event loop's own additions, so per-request and per-step
+values are equal to the last bit; sums over many steps may differ in their last digits only (summation
+order), far below the 0.1 % the fast-forward promises.
+"""
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from kernelsight.sim.compose import compose, typed_configs, workload_config
+from kernelsight.sim.engine import Engine, build_replicas
+from kernelsight.sim.kv_cache import KVCacheManager
+from kernelsight.sim.metrics import StreamingDistribution
+from kernelsight.sim.pricing import StepTime
+from kernelsight.sim.run import build_setup, run
+from kernelsight.sim.scheduler import SchedulerConfig
+from kernelsight.sim.workload import Workload, WorkloadConfig
+
+SUM_RTOL = 1e-9     # sums over steps (means, busy time, breakdown): summation order only
+ROW_RTOL = 1e-12    # per-request and per-step values
+
+
+def simulate_both(tmp_path, n: int, groups: dict | None = None, tier: str = "auto", **overrides):
+    """(step by step, fast-forwarded) results of one workload from one setup, with their output folders."""
+    cfg, sources = compose(groups, overrides or None)
+    setup = build_setup(*typed_configs(cfg, sources), workload_config(cfg), tier=tier)
+    out = {}
+    for ff in (False, True):
+        folder = tmp_path / ("fast" if ff else "steps")
+        out[ff] = run(setup, n, seed=0, out_dir=folder, keep_requests=True, fast_forward=ff), folder
+    return out[False], out[True]
+
+
+def relative_differences(slow, fast) -> dict:
+    """Per summary metric, |fast - slow| / |slow| (0 where equal, NaN on both sides counts as equal)."""
+    diffs = {}
+    for key, a in slow.summary.items():
+        b = fast.summary[key]
+        if key == "wall_s" or (isinstance(a, float) and math.isnan(a) and math.isnan(b)):
+            continue
+        diffs[key] = 0.0 if a == b else abs(b - a) / abs(a)
+    return diffs
+
+
+def check_equal(pair) -> dict:
+    """Assert every output of the two runs matches; returns the summary's relative differences."""
+    (slow, slow_dir), (fast, fast_dir) = pair
+    diffs = relative_differences(slow, fast)
+    assert max(diffs.values()) <= SUM_RTOL, {k: d for k, d in diffs.items() if d > SUM_RTOL}
+    assert fast.summary["num_steps"] == slow.summary["num_steps"]
+    pd.testing.assert_frame_equal(fast.breakdown, slow.breakdown, rtol=SUM_RTOL)
+    assert fast.engine.breakdown.phase == pytest.approx(slow.engine.breakdown.phase, rel=SUM_RTOL)
+    assert fast.engine.breakdown.sample == slow.engine.breakdown.sample
+    pd.testing.assert_frame_equal(fast.requests, slow.requests, rtol=ROW_RTOL)
+    for table in ("requests.parquet", "steps.parquet"):
+        pd.testing.assert_frame_equal(pq.read_table(fast_dir / table).to_pandas(),
+                                      pq.read_table(slow_dir / table).to_pandas(), rtol=ROW_RTOL)
+    assert json.loads((fast_dir / "trace.json").read_text()) == json.loads((slow_dir / "trace.json").read_text())
+    return diffs
+
+
+def fast_forwarded(pair) -> float:
+    """Share of the run's steps that were fast-forwarded."""
+    fast = pair[1][0]
+    return fast.engine.fast_forwarded_steps / fast.summary["num_steps"]
+
+
+SHAREGPT_LIKE = {"input": {"dist": "lognormal", "mean": 161.31, "sigma": 1.0, "min": 1, "max": 2048},
+                 "output": {"dist": "lognormal", "mean": 337.99, "sigma": 0.8, "min": 1, "max": 2048}}
+
+
+# (config groups, overrides, requests, least share of the steps fast-forwarded)
+@pytest.mark.parametrize("groups, overrides, n, share", [
+    pytest.param({}, {}, 300, 0.5, id="poisson"),
+    pytest.param({"workload": "closed_loop"}, {"workload.max_concurrency": 16}, 200, 0.5, id="closed_loop"),
+    pytest.param({"workload": "shared_prefix"}, {}, 200, 0.5, id="shared_prefix"),
+    pytest.param({"workload": "multi_turn"}, {}, 200, 0.5, id="multi_turn"),
+    pytest.param({}, {"workload.output.value": 1500, "workload.request_rate": 2.0}, 60, 0.5, id="long_outputs"),
+    pytest.param({"parallel": "tp2"}, {}, 200, 0.5, id="tp2"),
+    pytest.param({}, {"engine.host.async_scheduling": True}, 300, 0.5, id="async_scheduling"),
+    # replicas bound each other's runs (their steps keep the order step by step gives them)
+    pytest.param({}, {"parallel.dp": 2, "router": "round_robin"}, 300, 0.05, id="dp2"),
+    pytest.param({"workload": "closed_loop", "engine": "transformers_cb"}, {"workload.max_concurrency": 8}, 60,
+                 0.3, id="flat_attention"),
+])
+def test_fast_forward_equals_step_by_step(tmp_path, groups, overrides, n, share):
+    pair = simulate_both(tmp_path, n, groups, **overrides)
+    check_equal(pair)
+    assert fast_forwarded(pair) > share
+
+
+def test_sharegpt_like_trace(tmp_path):
+    """A replayed trace of ShareGPT-like lengths, some prompts sharing hashed blocks."""
+    rng = np.random.default_rng(3)
+    n = 300
+    lengths = {k: np.clip(np.rint(rng.lognormal(np.log(s["mean"]) - s["sigma"] ** 2 / 2, s["sigma"], n)), 1, 2048)
+               for k, s in SHAREGPT_LIKE.items()}
+    trace = pd.DataFrame({"arrival_time": np.cumsum(rng.exponential(1 / 20.0, n)),
+                          "input_len": lengths["input"].astype(int), "output_len": lengths["output"].astype(int)})
+    path = tmp_path / "sharegpt_like.csv"
+    trace.to_csv(path, index=False)
+    pair = simulate_both(tmp_path, n, {"workload": "trace"}, **{"workload.trace_file": str(path)})
+    check_equal(pair)
+    assert fast_forwarded(pair) > 0.3
+
+
+def test_moe_model_at_roofline_pricing(tmp_path):
+    pair = simulate_both(tmp_path, 200, {"model": "qwen3-30b-a3b"}, tier="roofline")
+    check_equal(pair)
+    assert fast_forwarded(pair) > 0.3
+
+
+def test_preemptions_under_kv_pressure(tmp_path):
+    """A KV cache that fills up: runs stop where a step would find no free block, and preemption, recompute
+    and re-admission go step by step as before."""
+    pair = simulate_both(tmp_path, 400, {"model": "llama3.1-70b", "parallel": "tp4", "workload": "sharegpt"},
+                         **{"engine.scheduler.gpu_memory_utilization": 0.5, "workload.request_rate": 40.0})
+    check_equal(pair)
+    assert pair[1][0].summary["preemptions"] > 0
+
+
+def test_repeated_values_count_as_copies():
+    """ITL gaps shared by a run's requests enter the histogram once with a count: the same statistics."""
+    values = np.array([0.0101, 0.0093, 0.0127])
+    copies, counted = StreamingDistribution(), StreamingDistribution()
+    copies.add_array(np.repeat(values, 7))
+    copies.add(0.02)
+    counted.add_repeated(values, 7)
+    counted.add(0.02)
+    assert counted.count == copies.count == 22
+    assert counted.mean == pytest.approx(copies.mean, rel=1e-12)
+    assert counted.std == pytest.approx(copies.std, rel=1e-9)
+    assert np.array_equal(counted.counts, copies.counts)
+    assert [counted.quantile(q) for q in (0.1, 0.5, 0.99)] == [copies.quantile(q) for q in (0.1, 0.5, 0.99)]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_blocks_filled_by_decodes_cached_at_free_change_nothing(monkeypatch, async_scheduling):
+    """append_block leaves the blocks decodes fill for free() to cache: the same results as caching each in the
+    step that fills it (allocate_slots), with preemptions and later turns hitting earlier turns' outputs."""
+    w = Workload(WorkloadConfig.from_config({
+        "arrival": "poisson", "request_rate": 40.0, "turns": 3, "think_time_s": 0.05, "system_prompts": 2,
+        "system_prompt_len": 24, "input": {"dist": "lognormal", "mean": 20.0, "sigma": 0.5, "max": 60},
+        "output": {"dist": "lognormal", "mean": 30.0, "sigma": 0.5, "max": 60}}))
+
+    class Linear:
+        def step_time(self, batch):
+            return StepTime(0.006 + 4e-5 * batch.num_tokens, 0.001, 0.007 + 4e-5 * batch.num_tokens)
+
+    def once():
+        cfg = SchedulerConfig(max_num_batched_tokens=256, max_num_seqs=32, block_size=4,
+                              async_scheduling=async_scheduling)
+        return Engine(build_replicas(1, cfg, 90, Linear), max_model_len=512).run(w.requests(120, 4))
+
+    late = once()
+    monkeypatch.setattr(KVCacheManager, "append_block",
+                        lambda self, request, computed: self.allocate_slots(request, computed, computed + 1, 1))
+    eager = once()
+    assert late["preemptions"] > 0 and late["prefix_cache_hit_rate"] > 0.2
+    np.testing.assert_equal(late, eager)
