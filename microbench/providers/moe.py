@@ -27,6 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from kernelsight.predictor.families.moe import power_law_loads
+
 from .base import FP8_MAX, TORCH_DTYPES, FamilyBench, Provider, cuda_capability_at_least, randn
 
 CHOSEN_LOGIT = 4.0  # a routed expert's logit lead over the others (noise is uniform in [0, 1))
