@@ -305,8 +305,8 @@ class Engine:
         simulation's to the last bit; the steps still in flight at the end stay in flight as real steps.
         Returns False (nothing changed) when no run of two or more steps can be advanced."""
         horizon = self._horizon(replica)
-        if horizon - t <= replica.period:
-            return False    # a second step would most likely start past the horizon
+        if horizon - t <= 2 * replica.period:
+            return False    # at most about two steps fit: a run that short saves less than it costs
         sched, kv = replica.scheduler, replica.kv
         run = sched.decode_run()
         if run is None:

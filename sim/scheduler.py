@@ -236,9 +236,9 @@ class Scheduler:
             return None     # nothing to run, a budget cut, or an admission could come
         out, ph, comp, prompt, flim = self._out[o], self._ph[o], self._comp[o], self._prompt[o], self._flim[o]
         left = self._olen[o] - out - ph     # tokens not scheduled yet
-        known = prompt + out + ph if cfg.async_scheduling else prompt + out
+        target = prompt + out + ph if cfg.async_scheduling else prompt + out   # as in _schedule_running
         # one token each: not a prefill chunk, not waiting for a token in flight (pipeline), no KV call due
-        if ((known - comp != 1) | (comp < prompt) | (comp >= flim) | (left < 1)).any():
+        if ((target - comp != 1) | (comp < prompt) | (comp >= flim) | (left < 1)).any():
             return None
         return DecodeRun(o, comp, flim, int(left.min()), self._slot_req)
 
@@ -303,7 +303,7 @@ class Scheduler:
                 if i >= len(running):
                     break       # preempted as a victim of an earlier request
                 req = running[i]
-                decode = n_l[i] == 1 and comp_l[i] >= req.prompt_len   # an output token: one block, nothing to cache
+                decode = n_l[i] == 1 and comp_l[i] >= req.prompt_len   # an output token: its block, uncached
                 while not (kv.append_block(req, comp_l[i]) if decode else
                            kv.allocate_slots(req, comp_l[i], known_l[i], n_l[i])):
                     victim = running.pop()

@@ -16,8 +16,10 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
+from kernelsight.sim.batch import StepBatch
 from kernelsight.sim.compose import compose, typed_configs, workload_config
 from kernelsight.sim.engine import Engine, build_replicas
+from kernelsight.sim.graph import token_kernels
 from kernelsight.sim.kv_cache import KVCacheManager
 from kernelsight.sim.metrics import StreamingDistribution
 from kernelsight.sim.pricing import StepTime
@@ -29,10 +31,14 @@ SUM_RTOL = 1e-9     # sums over steps (means, busy time, breakdown): summation o
 ROW_RTOL = 1e-12    # per-request and per-step values
 
 
+def setup_of(groups: dict | None = None, tier: str = "auto", **overrides):
+    cfg, sources = compose(groups, overrides or None)
+    return build_setup(*typed_configs(cfg, sources), workload_config(cfg), tier=tier)
+
+
 def simulate_both(tmp_path, n: int, groups: dict | None = None, tier: str = "auto", **overrides):
     """(step by step, fast-forwarded) results of one workload from one setup, with their output folders."""
-    cfg, sources = compose(groups, overrides or None)
-    setup = build_setup(*typed_configs(cfg, sources), workload_config(cfg), tier=tier)
+    setup = setup_of(groups, tier, **overrides)
     out = {}
     for ff in (False, True):
         folder = tmp_path / ("fast" if ff else "steps")
@@ -167,3 +173,32 @@ def test_blocks_filled_by_decodes_cached_at_free_change_nothing(monkeypatch, asy
     eager = once()
     assert late["preemptions"] > 0 and late["prefix_cache_hit_rate"] > 0.2
     np.testing.assert_equal(late, eager)
+
+
+@pytest.mark.parametrize("groups", [None, {"model": "gemma2-9b"}, {"engine": "transformers_cb"}],
+                         ids=["dense", "sliding_window", "flat_attention"])
+def test_a_decode_run_is_priced_as_each_of_its_steps(groups):
+    """pricer.decode_run equals step_time and breakdown() of every step's batch, to the last bit."""
+    pricer = setup_of(groups).pricer
+    rng = np.random.default_rng(1)
+    for n, steps in ((1, 40), (7, 300), (130, 25)):
+        ctx = rng.integers(1, 6000, n)
+        plain, parts = pricer.decode_run(ctx, steps), pricer.decode_run(ctx, steps, breakdown=True)
+        for j in range(steps):
+            batch = StepBatch(decode_ctx=tuple((ctx + j).tolist()))
+            each = pricer.step_time(batch)
+            assert (plain.gpu_s[j], plain.host_s) == (each.gpu_s, each.host_s)
+            bd = pricer.breakdown(batch)
+            family = dict(parts.families)
+            family["attn_decode"] = family.get("attn_decode", 0.0) + parts.attention_s[j]
+            if parts.launch_s[j]:
+                family["launch"] = parts.launch_s[j]
+            assert (parts.gpu_s[j], family, parts.decode_phase_s[j]) == (bd["gpu_s"], bd["family"],
+                                                                        bd["phase"]["decode"])
+
+
+def test_token_table_priced_in_blocks_equals_the_whole_table():
+    pricer = setup_of().pricer
+    whole = pricer._table(token_kernels(pricer.model, pricer.parallel, pricer.engine,
+                                        np.arange(1, pricer.max_tokens + 1), pricer.shard))
+    assert [pricer._token_s(t) for t in range(1, pricer.max_tokens + 1)] == whole.sum(axis=0)[1:].tolist()
