@@ -14,10 +14,10 @@ CODE = ("predictor", "sim", "calibrate", "microbench", "validate", "cli")
 # kernelsight/: in a checkout that folder would shadow the installed package for `python -m pytest`.
 TOP = "api"
 DATA = ("conf", "data")
-# What of each data folder the wheel ships (path prefixes): all of conf/; of data/ the default η bundle and
-# the workload traces `simulate` reads (sim/workload.py) and the measured vLLM all-reduce (data/engine/). Reference data (data/public, sweeps, validation)
+# What of each data folder the wheel ships (path prefixes): all of conf/; of data/ the default η bundle, the
+# energy model (artifacts/energy.json) and the workload traces `simulate` reads (sim/workload.py) and the measured vLLM all-reduce (data/engine/). Reference data (data/public, sweeps, validation)
 # stays in the repository; bundles built on demand go to the user cache (predictor/paths.py: cache_dir).
-SHIPPED = {"conf": ("",), "data": ("artifacts/default/", "traces/", "engine/")}
+SHIPPED = {"conf": ("",), "data": ("artifacts/default/", "artifacts/energy.json", "traces/", "engine/")}
 
 
 def _packages():

@@ -59,6 +59,9 @@ COMMANDS = {
                          "fit and evaluate per-family η models (target and cross-device tiers), write the report"),
     "calibrate publish": Command("kernelsight.cli.calibrate:calibrate_publish",
                                  "evaluate every GPU, fit the final η models and write a bundle directory"),
+    "calibrate energy": Command("kernelsight.cli.calibrate:calibrate_energy",
+                                "fit and evaluate the kernel power model on NVML energy readings, write the "
+                                "report and the energy artifact the simulator prices energy with"),
     "predict": Command("kernelsight.cli.predict:predict",
                        "predicted latency of one kernel shape, or of every row of a sweep file (with errors)",
                        positional="sweep_file"),

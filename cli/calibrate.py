@@ -1,9 +1,11 @@
-"""`kernelsight calibrate` and `kernelsight calibrate publish`.
+"""`kernelsight calibrate`, `kernelsight calibrate publish` and `kernelsight calibrate energy`.
 
 calibrate: evaluate both η tiers and the baselines, write the report to out=.
 publish: evaluate every GPU (unless publish.evaluate=false), fit the final
 models and write a bundle to bundle=. Configs: conf/calibrate.yaml and
 conf/calibrate_publish.yaml; the work is calibrate/pipeline.py.
+energy: fit and evaluate the kernel power model, write its report to out= and
+the artifact to artifact= (conf/calibrate_energy.yaml; calibrate/energy.py).
 """
 from __future__ import annotations
 
@@ -56,3 +58,19 @@ def print_headline(summary: dict) -> None:
     cols = [c for c in ("tier", "family", "lightgbm", "constant", "roofline", *ev.DIAGNOSTICS) if c in head.columns]
     print("MAPE % (target: grouped K-fold; cross: leave-one-device-out)")
     print(head[cols].round(1).to_string(index=False, na_rep="-"))  # -: a diagnostic the tier does not have
+
+
+def calibrate_energy(cfg) -> None:
+    """Fit and evaluate the power model; print the held-out figures and where the report and artifact went."""
+    from kernelsight.calibrate.energy import EnergySettings, calibrate_energy as run_energy
+
+    start = time.perf_counter()
+    done = run_energy(EnergySettings.from_mapping(container(cfg)))
+    cols = {"family": "family", "rows": "rows", "model_loop": "model", "constant_loop": "constant x t",
+            "tdp_loop": "TDP x t"}
+    print("energy MAPE % (grouped K-fold on the fit GPU; time = the energy loop's own)")
+    print(done.cv[list(cols)].rename(columns=cols).round(1).to_string(index=False))
+    for label, part in done.transfer.groupby("held_out", sort=True) if len(done.transfer) else ():
+        print(f"energy MAPE % on {label}, held out (fitted without it)")
+        print(part[list(cols)].rename(columns=cols).round(1).to_string(index=False))
+    print(f"report: {done.report}  artifact: {done.artifact}  ({time.perf_counter() - start:.0f} s)")

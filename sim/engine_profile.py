@@ -46,7 +46,7 @@ class KernelSettings:
     rope_in_place: bool
     qkv_fused: bool
     gate_up_fused: bool
-    moe_routing: str = "balanced"
+    moe_routing: str = "power_law_1.01"
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ _FIELDS = {
         "rope_in_place": Spec("bool"),
         "qkv_fused": Spec("bool"),
         "gate_up_fused": Spec("bool"),
-        "moe_routing": Spec("choice", choices=DISTRIBUTIONS, default="balanced"),
+        "moe_routing": Spec("choice", choices=DISTRIBUTIONS, default="power_law_1.01"),
     }),
     "attention": Spec("section", fields={
         "layout": Spec("choice", choices=ATTENTION_LAYOUTS),

@@ -30,6 +30,11 @@ piecewise graphs (attention and KV write launched eagerly between them); larger 
 The GPU then needs max(kernel time, CPU launch time). Host time (scheduling, per-request work,
 sampler launches) adds to it, or hides behind it under async scheduling: total = max(gpu, host).
 With pp > 1, gpu_s is the time for the batch to pass all stages.
+
+Energy (with a power model, `power`: predictor.energy.KernelPower): every table holds joules beside
+seconds, each kernel row priced as power(its roofline shares at its predicted time) x that time, so
+breakdown() and decode_run() give joules per family on one GPU at the cost of a second table lookup;
+launch waiting is the idle GPU's power times the wait.
 """
 from __future__ import annotations
 
@@ -73,7 +78,9 @@ class DecodeRun:
 
     The breakdown parts: `families` (family, seconds) is every step's token-wise, LM-head and sampler
     kernels; `attention_s` its decode attention; `launch_s` its GPU time waiting on launches;
-    `decode_phase_s` its GPU time, all of it decode phase.
+    `decode_phase_s` its GPU time, all of it decode phase. With a power model, `energy_families`,
+    `attention_j` and `launch_j` are the same parts in joules on one GPU; `attention_family` names the
+    decode attention's family.
     """
 
     gpu_s: np.ndarray
@@ -82,6 +89,10 @@ class DecodeRun:
     attention_s: np.ndarray | None = None
     launch_s: np.ndarray | None = None
     decode_phase_s: np.ndarray | None = None
+    attention_family: str = "attn_decode"
+    energy_families: tuple = ()          # (family, joules): only with a power model and the breakdown
+    attention_j: np.ndarray | None = None
+    launch_j: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -97,10 +108,14 @@ class PricedKernel:
 
 
 class StepPricer:
-    """Prices StepBatches of one model on one GPU under one engine profile and parallel layout."""
+    """Prices StepBatches of one model on one GPU under one engine profile and parallel layout.
 
-    def __init__(self, model: ModelConfig, hw, engine: EngineProfile, parallel: ParallelConfig, predictor):
+    power: None, or a predictor.energy.KernelPower on this GPU: breakdown() then also gives joules."""
+
+    def __init__(self, model: ModelConfig, hw, engine: EngineProfile, parallel: ParallelConfig, predictor,
+                 power=None):
         self.model, self.hw, self.engine, self.parallel, self.predictor = model, hw, engine, parallel, predictor
+        self.power = power
         self.shard = shard(model, parallel)
         self.kinds = model.attention_kinds()
         self.measured_allreduce = _measured_allreduce(engine, hw, parallel, getattr(predictor, "tier", "auto"))
@@ -112,24 +127,32 @@ class StepPricer:
         # Token-wise table: priced in blocks of TOKEN_BLOCK token counts as steps first need them (a run
         # touches few sizes; every row is priced on its own, so a block equals that part of the whole table).
         self._tok = np.zeros((len(self.families), self.max_tokens + 1))
+        self._tok_j = np.zeros((len(self.families), self.max_tokens + 1))  # joules, beside _tok
         self._tok_total: list = [0.0, *[None] * self.max_tokens]  # None: its block is not priced yet
-        self._smp = self._table(sampled_calls)
+        self._smp, self._smp_j = self._tables(sampled_calls)
         self._smp_total = [0.0, *self._smp.sum(axis=0)[1:].tolist()]
         self._tok_rows: dict[int, tuple] = {}  # per size: breakdown rows of the tables, built on use
         self._smp_rows: dict[int, tuple] = {}
         self._fixed: dict[tuple, dict] = {}    # (tokens, sampled rows) -> seconds per family, built on use
+        self._tok_j_rows: dict[int, tuple] = {}  # the same three in joules
+        self._smp_j_rows: dict[int, tuple] = {}
+        self._fixed_j: dict[tuple, dict] = {}
+        self._decode_steps_j: dict[int, tuple] = {}  # decodes -> (family, joules) of their fixed kernels
         self._decode_steps: dict[int, tuple] = {}  # decodes -> what their decode-only steps share, built on use
         self._smp_launches = len(sampled_kernels(model, parallel, 1, self.shard))
         self._tok_launches = sum(c.count for c in token_kernels(model, parallel, engine, 1, self.shard))
         self._kv_grid = _geometric_grid(2 * model.max_position, DECODE_POINTS_PER_OCTAVE)
         self._kv_grid_array = np.asarray(self._kv_grid)
         self._decode = [dict() for _ in self.kinds]  # per kind: n -> seconds on _kv_grid (one launch)
+        self._decode_j = [dict() for _ in self.kinds]  # the same in joules
         self._new_grid = _tile_grid(self.max_tokens, Q_TILE)
         self._prefix_grid = [0, *_geometric_grid(2 * model.max_position, PREFIX_POINTS_PER_OCTAVE)]
         self._prefill = [None] * len(self.kinds)  # per kind: new x prefix table (one launch), built on use
+        self._prefill_j = [None] * len(self.kinds)  # the same in joules
         self.flat = engine.attention.layout == "flat_masked"
         self._flat_grid = _geometric_grid(FLAT_KV_LIMIT, DECODE_POINTS_PER_OCTAVE)
         self._flat: dict[int, tuple] = {}  # query tokens -> KV grid and step seconds, built on use
+        self._flat_j: dict[int, tuple] = {}  # the same in joules
         self._flat_launches = sum(c.count for c in flat_attention_kernels(model, self.shard, 1, 1)) if self.flat else 0
         # families that price prefill and decode attention (MLA's modules, or FlashAttention and paged decode)
         self.attention_families = ("attn_prefill", "attn_decode") if self.flat else (
@@ -184,7 +207,22 @@ class StepPricer:
             family["launch"] = launch
             for key in phase:
                 phase[key] += launch * phase[key] / kernel_s
+        if self.power is not None:
+            out["energy"] = self._energy(batch, run_tokens, launch, prefill_s, decode_s)
         return {**out, "gpu_s": t.gpu_s, "host_s": t.host_s, "total_s": t.total_s}
+
+    def _energy(self, batch: StepBatch, run_tokens: int, launch_s: float, prefill_s: float,
+                decode_s: float) -> dict:
+        """Joules per family of a step's kernels on one GPU (breakdown()'s families), launch waiting at the
+        idle GPU's power."""
+        energy = dict(self._fixed_families(run_tokens, batch.num_sampled, joules=True))
+        prefill_j, decode_j = self._attention(batch, joules=True)
+        for name, seconds, joules in zip(self.attention_families, (prefill_s, decode_s), (prefill_j, decode_j)):
+            if seconds:
+                energy[name] = energy.get(name, 0.0) + joules
+        if launch_s > 0:
+            energy["launch"] = launch_s * self.power.idle_w
+        return energy
 
     def kernels(self, batch: StepBatch) -> list[PricedKernel]:
         """Every kernel of the step at the size it runs (graph padding applied), priced exactly."""
@@ -231,7 +269,30 @@ class StepPricer:
             launch[~bound] = 0.0
         else:
             launch[:] = 0.0
-        return DecodeRun(gpu, host_s, families, attention, launch, phase)
+        if self.power is None:
+            return DecodeRun(gpu, host_s, families, attention, launch, phase, self.attention_families[1])
+        return DecodeRun(gpu, host_s, families, attention, launch, phase, self.attention_families[1],
+                         self._decode_energy(n), self._decode_run_joules(decode_ctx, step), launch * self.power.idle_w)
+
+    def _decode_run_joules(self, decode_ctx: np.ndarray, step: np.ndarray) -> np.ndarray:
+        """decode_run's attention in joules, per step (its KV lengths are within the tables: checked there)."""
+        n = len(decode_ctx)
+        if self.flat:
+            return _lerp_array(*self._flat_joules(n)[2:], int(decode_ctx.sum()) + n * step)
+        joules = 0.0
+        for i, kind in enumerate(self.kinds):
+            joules = joules + kind.count * _lerp_array(self._kv_grid_array, self._decode_joules(i, n)[1],
+                                                       _decode_mean_kv_run(decode_ctx, kind, step))
+        return joules
+
+    def _decode_energy(self, n: int) -> tuple:
+        """(family, joules) of the kernels every decode-only step of n sequences runs but attention; memoised."""
+        rows = self._decode_steps_j.get(n)
+        if rows is None:
+            batch = StepBatch(decode_ctx=(1,) * n)
+            rows = self._decode_steps_j[n] = tuple(
+                self._fixed_families(self._graph_mode(batch)[1], n, joules=True).items())
+        return rows
 
     def _decode_fixed(self, n: int) -> tuple:
         """What every decode-only step of n sequences shares, whatever their KV lengths: (launch-bound GPU
@@ -256,23 +317,28 @@ class StepPricer:
             start = (tokens - 1) // TOKEN_BLOCK * TOKEN_BLOCK + 1
             stop = min(start + TOKEN_BLOCK, self.max_tokens + 1)
             calls = token_kernels(self.model, self.parallel, self.engine, np.arange(start, stop), self.shard)
-            block = self._table(calls)[:, 1:]
+            seconds, joules = self._tables(calls)
+            block = seconds[:, 1:]
             self._tok[:, start:stop] = block
+            self._tok_j[:, start:stop] = joules[:, 1:]
             self._tok_total[start:stop] = block.sum(axis=0).tolist()
             total = self._tok_total[tokens]
         return total
 
-    def _fixed_families(self, run_tokens: int, sampled: int) -> dict:
-        """Seconds per family of the kernels that depend on the token count and sampled rows only, in
-        breakdown()'s order (token-wise families, then the LM head's and sampler's added); memoised, not
-        to be changed."""
-        family = self._fixed.get((run_tokens, sampled))
+    def _fixed_families(self, run_tokens: int, sampled: int, joules: bool = False) -> dict:
+        """Seconds (joules=True: joules) per family of the kernels that depend on the token count and sampled
+        rows only, in breakdown()'s order (token-wise families, then the LM head's and sampler's added);
+        memoised, not to be changed."""
+        memo, tok, tok_rows, smp, smp_rows = (
+            (self._fixed_j, self._tok_j, self._tok_j_rows, self._smp_j, self._smp_j_rows) if joules else
+            (self._fixed, self._tok, self._tok_rows, self._smp, self._smp_rows))
+        family = memo.get((run_tokens, sampled))
         if family is None:
             self._token_s(run_tokens)
-            family = dict(self._row(self._tok, self._tok_rows, run_tokens))
-            for name, seconds in self._row(self._smp, self._smp_rows, sampled):
+            family = dict(self._row(tok, tok_rows, run_tokens))
+            for name, seconds in self._row(smp, smp_rows, sampled):
                 family[name] = family.get(name, 0.0) + seconds
-            self._fixed[(run_tokens, sampled)] = family
+            memo[(run_tokens, sampled)] = family
         return family
 
     def _row(self, table: np.ndarray, cache: dict, size: int) -> tuple:
@@ -315,60 +381,78 @@ class StepPricer:
         total = max(gpu, host_s) if host.async_scheduling else gpu + host_s
         return StepTime(gpu, host_s, total)
 
-    def _attention(self, batch: StepBatch) -> tuple[float, float]:
-        """(prefill, decode) attention seconds of the step, from the interpolated tables (flat masked
-        attention: one step total, shared by the prefill and decode query tokens)."""
+    def _attention(self, batch: StepBatch, joules: bool = False) -> tuple[float, float]:
+        """(prefill, decode) attention seconds (joules=True: joules) of the step, from the interpolated
+        tables (flat masked attention: one step total, shared by the prefill and decode query tokens)."""
         if self.flat:
-            total = self._flat_seconds(batch.num_tokens, flat_kv_tokens(batch))
+            total = self._flat_seconds(batch.num_tokens, flat_kv_tokens(batch), joules)
             share = batch.num_prefill_tokens / batch.num_tokens
             return total * share, total * (1 - share)
         prefill = decode = 0.0
         for i, kind in enumerate(self.kinds):
             if batch.prefill_new:
                 rows = chunk_rows(batch.prefill_new, batch.prefill_ctx, kind.chunk)
-                prefill += kind.count * sum(self._prefill_seconds(i, n, c) for n, c in zip(*rows))
+                prefill += kind.count * sum(self._prefill_seconds(i, n, c, joules) for n, c in zip(*rows))
             if batch.decode_ctx:
                 decode += kind.count * self._decode_seconds(i, len(batch.decode_ctx),
-                                                            decode_mean_kv(batch.decode_ctx, kind))
+                                                            decode_mean_kv(batch.decode_ctx, kind), joules)
         return prefill, decode
 
-    def _decode_seconds(self, kind: int, n: int, mean_kv: int) -> float:
+    def _decode_seconds(self, kind: int, n: int, mean_kv: int, joules: bool = False) -> float:
         grid = self._kv_grid
         if mean_kv > grid[-1]:
-            return self._exact(self._decode_call(kind, n, mean_kv))
-        return _lerp(grid, self._decode_table(kind, n)[0], mean_kv)
+            return self._exact(self._decode_call(kind, n, mean_kv), joules)
+        return _lerp(grid, (self._decode_joules(kind, n) if joules else self._decode_table(kind, n))[0], mean_kv)
 
     def _decode_table(self, kind: int, n: int) -> tuple[list[float], np.ndarray]:
         """Decode attention of n sequences (one launch) at each KV length of the grid, as a list and an
-        array, built on first use."""
+        array, built on first use (its joules too)."""
         table = self._decode[kind].get(n)
         if table is None:
-            values = self._price([self._decode_call(kind, n, self._kv_grid_array)])[0]
+            values, joules = self._price_j([self._decode_call(kind, n, self._kv_grid_array)])[0]
             table = self._decode[kind][n] = (values.tolist(), values)
+            self._decode_j[kind][n] = (joules.tolist(), joules)
         return table
 
-    def _flat_seconds(self, q_tokens: int, kv_tokens: int) -> float:
+    def _decode_joules(self, kind: int, n: int) -> tuple[list[float], np.ndarray]:
+        """_decode_table in joules."""
+        self._decode_table(kind, n)
+        return self._decode_j[kind][n]
+
+    def _flat_seconds(self, q_tokens: int, kv_tokens: int, joules: bool = False) -> float:
         """Flat masked attention of a step, all layers: per query-token count, a table over KV tokens
         (>= the query tokens: each query's own key is gathered too), interpolated linearly."""
         if kv_tokens >= self._flat_grid[-1]:
-            return float(self._flat_total(q_tokens, np.asarray([kv_tokens]))[0])
-        return _lerp(*self._flat_table(q_tokens)[:2], kv_tokens)
+            return float(self._flat_total(q_tokens, np.asarray([kv_tokens]), joules)[0])
+        return _lerp(*(self._flat_joules(q_tokens) if joules else self._flat_table(q_tokens))[:2], kv_tokens)
 
     def _flat_table(self, q_tokens: int) -> tuple:
         """(KV-token grid, step seconds) of flat masked attention over q_tokens query tokens as lists, then as
-        arrays; built on first use."""
+        arrays; built on first use (its joules too)."""
         table = self._flat.get(q_tokens)
         if table is None:
             grid = np.asarray([q_tokens, *(g for g in self._flat_grid if g > q_tokens)])
-            values = self._flat_total(q_tokens, grid)
+            values, joules = self._flat_totals(q_tokens, grid)
             table = self._flat[q_tokens] = (grid.tolist(), values.tolist(), grid, values)
+            self._flat_j[q_tokens] = (grid.tolist(), joules.tolist(), grid, joules)
         return table
 
-    def _flat_total(self, q_tokens: int, kv_tokens: np.ndarray) -> np.ndarray:
-        """Seconds of a step's flat masked attention kernels (all layers) per entry of kv_tokens."""
+    def _flat_joules(self, q_tokens: int) -> tuple:
+        """_flat_table in joules."""
+        self._flat_table(q_tokens)
+        return self._flat_j[q_tokens]
+
+    def _flat_total(self, q_tokens: int, kv_tokens: np.ndarray, joules: bool = False) -> np.ndarray:
+        """Seconds (joules=True: joules) of a step's flat masked attention kernels (all layers) per entry of
+        kv_tokens."""
+        return self._flat_totals(q_tokens, kv_tokens)[1 if joules else 0]
+
+    def _flat_totals(self, q_tokens: int, kv_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         calls = flat_attention_kernels(self.model, self.shard, q_tokens, kv_tokens,
                                        self.engine.attention.flat_slowdown)
-        return sum(c.count * x for c, x in zip(calls, self._price(calls)))
+        priced = self._price_j(calls)
+        return (sum(c.count * s for c, (s, _) in zip(calls, priced)),
+                sum(c.count * j for c, (_, j) in zip(calls, priced)))
 
     def _decode_call(self, kind: int, n: int, seq_kv) -> KernelCall:
         """One launch (count 1) of the kind's decode attention, as the model's graph runs it."""
@@ -380,17 +464,20 @@ class StepPricer:
         call = prefill_call(self.model, self.shard, new, cached, self.kinds[kind])
         return KernelCall(call.name, call.family, call.cols, 1)
 
-    def _prefill_seconds(self, kind: int, new: int, cached: int) -> float:
-        """One prefill row (a chunked kind's rows are already cut at its chunks)."""
+    def _prefill_seconds(self, kind: int, new: int, cached: int, joules: bool = False) -> float:
+        """One prefill row (a chunked kind's rows are already cut at its chunks); joules=True: its joules."""
         news, prefixes = self._new_grid, self._prefix_grid
         if new > news[-1] or cached > prefixes[-1]:
-            return self._exact(self._prefill_call(kind, [new], [cached]))
-        table = self._prefill[kind]
+            return self._exact(self._prefill_call(kind, [new], [cached]), joules)
+        table = (self._prefill_j if joules else self._prefill)[kind]
         if table is None:
             new_axis = np.repeat(news, len(prefixes))
             cached_axis = np.tile(prefixes, len(news))
             call = self._prefill_call(kind, new_axis, cached_axis)
-            table = self._prefill[kind] = self._price([call])[0].reshape(len(news), len(prefixes)).tolist()
+            seconds, energy = self._price_j([call])[0]
+            self._prefill[kind] = seconds.reshape(len(news), len(prefixes)).tolist()
+            self._prefill_j[kind] = energy.reshape(len(news), len(prefixes)).tolist()
+            table = (self._prefill_j if joules else self._prefill)[kind]
         i, wi = _bracket(news, new)
         j, wj = _bracket(prefixes, cached)
         row0, row1 = table[i], table[i + 1]
@@ -403,9 +490,14 @@ class StepPricer:
         """Seconds per row of every call (times its scale): one predictor call per family over all their rows."""
         return [p["seconds"] for p in self._priced(calls)]
 
+    def _price_j(self, calls: list[KernelCall]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(seconds, joules) per row of every call (times its scale); joules 0 without a power model."""
+        return [(p["seconds"], p["joules"]) for p in self._priced(calls)]
+
     def _priced(self, calls: list[KernelCall]) -> list[dict]:
-        """Per call: 'seconds' and roofline 't_roof' per row (times its scale) and each row's 'tier', 'model'
-        and 'extrapolated' flag (the engine's all-reduce models show as tier 'engine')."""
+        """Per call: 'seconds', 'joules' (0 without a power model) and roofline 't_roof' per row (times its
+        scale) and each row's 'tier', 'model' and 'extrapolated' flag (the engine's all-reduce models show as
+        tier 'engine')."""
         out: list = [None] * len(calls)
         by_family: dict[str, list[int]] = {}
         for i, call in enumerate(calls):
@@ -421,10 +513,12 @@ class StepPricer:
                 by_engine = engine_model != ""
                 tier, model = np.where(by_engine, "engine", tier), np.where(by_engine, engine_model, model)
                 extrapolated = extrapolated & ~by_engine
+            joules = (self.power.joules(family, priced["t_compute"], priced["t_memory"], seconds)
+                      if self.power is not None else np.zeros(len(seconds)))
             start = 0
             for i in idx:
                 rows = slice(start, start + calls[i].num_rows)
-                out[i] = {"seconds": seconds[rows] * calls[i].scale,
+                out[i] = {"seconds": seconds[rows] * calls[i].scale, "joules": joules[rows] * calls[i].scale,
                           "t_roof": t_roof[rows] * calls[i].scale,
                           "tier": tier[rows], "model": model[rows], "extrapolated": extrapolated[rows]}
                 start = rows.stop
@@ -481,15 +575,22 @@ class StepPricer:
             engine_model[covered] = f"vLLM all-reduce measured on {self.measured_allreduce.device}"
         return out, engine_model
 
-    def _exact(self, call: KernelCall) -> float:
-        return float(self._price([call])[0].sum())
+    def _exact(self, call: KernelCall, joules: bool = False) -> float:
+        return float(self._price_j([call])[0][1 if joules else 0].sum())
 
     def _table(self, calls: list[KernelCall]) -> np.ndarray:
         """families x (0..N) seconds per step: sum of count x per-row time of the calls (rows = sizes)."""
+        return self._tables(calls)[0]
+
+    def _tables(self, calls: list[KernelCall]) -> tuple[np.ndarray, np.ndarray]:
+        """_table's seconds and the same table in joules."""
         table = np.zeros((len(self.families), calls[0].num_rows + 1))
-        for call, seconds in zip(calls, self._price(calls)):
-            table[self.families.index(call.family), 1:] += call.count * seconds
-        return table
+        energy = np.zeros_like(table)
+        for call, (seconds, joules) in zip(calls, self._price_j(calls)):
+            row = self.families.index(call.family)
+            table[row, 1:] += call.count * seconds
+            energy[row, 1:] += call.count * joules
+        return table, energy
 
 
 def _measured_allreduce(engine: EngineProfile, hw, parallel: ParallelConfig, tier: str) -> MeasuredAllReduce | None:

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from kernelsight.predictor.outputs import atomic_file, ensure_dir, save_figure, write_json, write_text
+from kernelsight.sim.energy import EnergyAccumulator, energy_families
 
 CHUNK_ROWS = 65_536
 
@@ -154,11 +155,13 @@ SAMPLE_STEPS = 64  # steps, evenly spread over a run, whose kernels are re-price
 
 
 class BreakdownAccumulator:
-    """GPU seconds per kernel family by step kind, and per phase, summed over every step's breakdown."""
+    """GPU seconds per kernel family by step kind, and per phase, summed over every step's breakdown; with a
+    power model, the steps' joules (`energy`, sim/energy.py)."""
 
     def __init__(self, sample_steps: int = SAMPLE_STEPS):
         self.family = {kind: {} for kind in STEP_KINDS}
         self.phase: dict[str, float] = {}
+        self.energy = EnergyAccumulator()
         self.sample_steps = sample_steps
         self.sample: list = []  # every stride-th step's batch, stride doubling to keep at most 2 x sample_steps
         self._stride, self._steps = 1, 0
@@ -172,6 +175,8 @@ class BreakdownAccumulator:
             acc[name] = acc.get(name, 0.0) + seconds
         for name, seconds in parts["phase"].items():
             self.phase[name] = self.phase.get(name, 0.0) + seconds
+        if "energy" in parts:
+            self.energy.add(parts)
 
     def add_run(self, prices, steps: int, batch_at) -> None:
         """Add the first `steps` steps of a decode run as add() would add each: prices is the run's
@@ -186,11 +191,14 @@ class BreakdownAccumulator:
         acc = self.family["decode"]
         for name, seconds in prices.families:
             acc[name] = acc.get(name, 0.0) + seconds * steps
-        for name, values in (("attn_decode", prices.attention_s[:steps]), ("launch", prices.launch_s[:steps])):
+        attention = (prices.attention_family, prices.attention_s[:steps])
+        for name, values in (attention, ("launch", prices.launch_s[:steps])):
             if values.any():  # as breakdown() lists a family only in steps where it takes time
                 acc[name] = acc.get(name, 0.0) + float(values.sum())
         self.phase["prefill"] = self.phase.get("prefill", 0.0)
         self.phase["decode"] = self.phase.get("decode", 0.0) + float(prices.decode_phase_s[:steps].sum())
+        if prices.attention_j is not None:
+            self.energy.add_run(prices, steps)
 
     def _take(self, batch) -> None:
         self.sample.append(batch)
@@ -367,6 +375,17 @@ def format_summary(summary: dict, title: str, acc: BreakdownAccumulator | None =
             for family, r in df.head(10).iterrows():
                 lines.append(f"{family:<16}{100 * r['share']:>7.1f}%{r['prefill']:>9.2f}{r['decode']:>9.2f}"
                              f"{r['mixed']:>9.2f}")
+    if not math.isnan(summary.get("energy_j", float("nan"))):
+        section("Energy")
+        row("Energy per output token (J):", "energy_per_output_token_j")
+        row("Energy per request (J):", "energy_per_request_j")
+        row("Mean / peak power per GPU (W):", "mean_power_w_per_gpu",
+            lambda v: f"{v:.0f} / {summary['peak_power_w_per_gpu']:.0f}")
+        row("Total energy (kJ):", "energy_j",
+            lambda v: f"{v / 1e3:.2f} ({summary['energy_gpus']} GPU{'' if summary['energy_gpus'] == 1 else 's'})")
+        lines.append(f"{'family':<16}{'share':>8}{'kJ':>10}  (idle: host gaps, waits, launch-bound time)")
+        for family, joules in energy_families(summary)[:10]:
+            lines.append(f"{family:<16}{100 * joules / summary['energy_j']:>7.1f}%{joules / 1e3:>10.3f}")
     if sources:
         section("Priced by (share of family time)")
         shown = False  # an extrapolated share printed (0.5 % or more)

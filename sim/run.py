@@ -31,6 +31,7 @@ from kernelsight.predictor.hardware import Hardware
 from kernelsight.predictor.predict import Predictor
 
 from .context import resolve_max_model_len
+from .energy import energy_summary, kernel_power
 from .engine import Engine, Replica, build_replicas
 from .engine_profile import EngineProfile
 from .memory import kv_cache_blocks
@@ -58,11 +59,12 @@ class Setup:
     num_blocks: int
     max_model_len: int
     workload: Workload
+    one_group: bool = False  # simulate one attention group of one replica (its share of the load; validate)
 
     def replicas(self) -> list[Replica]:
         # Replicas are identical, so they share one pricer (it is a pure function with memo tables).
-        return build_replicas(self.parallel.dp * self.parallel.attention_dp, self.scheduler, self.num_blocks, lambda: self.pricer,
-                              self.parallel.pp)
+        groups = 1 if self.one_group else self.parallel.dp * self.parallel.attention_dp
+        return build_replicas(groups, self.scheduler, self.num_blocks, lambda: self.pricer, self.parallel.pp)
 
     def new_engine(self, seed: int, router: str = "least_outstanding", **kwargs) -> Engine:
         """A fresh Engine over fresh replicas, with this setup's concurrency limit and frontend path."""
@@ -82,9 +84,10 @@ class Setup:
 
 def build_setup(model: ModelConfig, hardware: Hardware, engine: EngineProfile, parallel: ParallelConfig,
                 workload: WorkloadConfig, *, tier: str = "auto", bundle=None,
-                max_model_len: int | None = None, allow_long_max_model_len: bool = False) -> Setup:
+                max_model_len: int | None = None, allow_long_max_model_len: bool = False, energy=None) -> Setup:
     """A validated Setup: the GPU on the layout's network, KV blocks, pricer over the predictor's `tier`
-    and `bundle` (None: the shipped one). max_model_len None is the model's context length (vLLM's rule,
+    and `bundle` (None: the shipped one) and the power model `energy` (None: the shipped one, a JSON path,
+    False: no energy). max_model_len None is the model's context length (vLLM's rule,
     context.resolve_max_model_len). Any problem is one KernelsightError line."""
     hw = hardware.on_network(parallel.net_gbs_per_gpu)
     blocks = kv_cache_blocks(model, hw, engine, parallel)  # refuses layouts that do not fit
@@ -92,7 +95,8 @@ def build_setup(model: ModelConfig, hardware: Hardware, engine: EngineProfile, p
         raise KernelsightError(f"model {model.name} on {hw.key}: only {blocks} KV block fits; "
                                f"nothing is left beside vLLM's null block")
     sched = SchedulerConfig.from_engine(engine)
-    pricer = StepPricer(model, hw, engine, parallel, Predictor(hw, tier=tier, bundle=bundle))
+    pricer = StepPricer(model, hw, engine, parallel, Predictor(hw, tier=tier, bundle=bundle),
+                        power=kernel_power(hw, energy))
     max_len = resolve_max_model_len(model, max_model_len, allow_long_max_model_len)
     if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < max_len:
         raise KernelsightError(f"without chunked prefill a whole prompt must fit one step: "
@@ -203,6 +207,8 @@ def run(setup: Setup, num_requests: int | None, seed: int, router: str = "least_
     finally:
         if bar is not None:
             bar.close()
+    summary.update(energy_summary(engine.breakdown.energy if engine.breakdown is not None else None,
+                                  setup.pricer.power, summary, setup.parallel, len(engine.replicas)))
     summary["wall_s"] = time.perf_counter() - start
     if recorder is not None:
         recorder.close(len(engine.replicas))
@@ -216,9 +222,11 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
              allow_long_max_model_len: bool = False,
              slo: dict | None = None, out_dir: Path | None = None, trace_steps: int = 2000,
              trace_kernel_steps: int = 20, breakdown: bool = True, keep_requests: bool = False,
-             progress=None, fast_forward: bool = True) -> SimulationResult:
+             progress=None, fast_forward: bool = True, energy=None) -> SimulationResult:
     """Simulate `num_requests` requests of `workload` (None: every row of a trace) on `parallel.dp` replicas
-    of `model` on `hardware` under `engine`; kernels priced in predictor `tier` from `bundle`.
+    of `model` on `hardware` under `engine`; kernels priced in predictor `tier` from `bundle`, energy with the
+    power model `energy` (None: the shipped one; a JSON path; False: none; the breakdown carries it, so
+    breakdown=False prices none).
 
     slo: {ttft_ms, tpot_ms, e2el_ms} thresholds for goodput. out_dir: also write requests.parquet,
     steps.parquet and trace.json there. keep_requests: keep the per-request table in memory. progress: a
@@ -231,7 +239,8 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
     whole_number(trace_steps, "trace_steps", 0, hint="steps in trace.json")
     whole_number(trace_kernel_steps, "trace_kernel_steps", 0, hint="of which the first show their kernels")
     setup = build_setup(model, hardware, engine, parallel, workload, tier=tier, bundle=bundle,
-                        max_model_len=max_model_len, allow_long_max_model_len=allow_long_max_model_len)
+                        max_model_len=max_model_len, allow_long_max_model_len=allow_long_max_model_len,
+                        energy=energy)
     slo_ms = check_slo(slo)
     if num_requests is None and setup.workload.trace is None:
         raise KernelsightError("num_requests=null only replays a whole trace; synthetic workloads need a count")

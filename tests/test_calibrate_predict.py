@@ -30,8 +30,8 @@ def test_auto_tier_is_target_where_the_gpu_has_data_and_cross_elsewhere():
 
 
 def test_auto_sends_variants_the_target_sweep_never_held_to_cross():
-    cols = {**GEMM, "dtype": np.array(["bf16", "fp8", "fp4"], dtype=object)}
-    res = Predictor("b200_sxm").predict(cols, family="gemm")  # B200 sweep: bf16, fp8 and fp4
+    cols = {**GEMM, "dtype": np.array(["bf16", "fp8", "nvfp4"], dtype=object)}
+    res = Predictor("b200_sxm").predict(cols, family="gemm")  # B200 sweep: bf16, fp8 and nvfp4
     assert list(res["tier"]) == ["target"] * 3
     fp32 = {**GEMM, "dtype": np.array(["bf16", "fp8", "fp32"], dtype=object)}
     res = Predictor("h100_sxm").predict(fp32, family="gemm")

@@ -28,9 +28,22 @@ def test_a_family_with_most_of_the_time_at_a_far_higher_eta_is_flagged():
     assert implausible_families([]) == []
 
 
-@pytest.mark.parametrize("model, hardware, flagged", [("qwen3-30b-a3b", "h200_sxm", ["moe"]),
-                                                      ("llama3.1-8b", "h100_sxm", [])])
-def test_runs_report_implausible_families(model, hardware, flagged):
+@pytest.mark.parametrize("model, hardware, moe_slowdown, flagged", [
+    ("qwen3-30b-a3b", "h200_sxm", 1.0, []),        # MoE priced from vLLM's fused kernels: in proportion
+    ("qwen3-30b-a3b", "h200_sxm", 20.0, ["moe"]),  # as a per-expert loop's η model priced it: flagged
+    ("llama3.1-8b", "h100_sxm", 1.0, [])])
+def test_runs_report_implausible_families(model, hardware, moe_slowdown, flagged, monkeypatch):
+    from kernelsight.predictor.predict import Predictor
+
+    predict = Predictor.predict
+
+    def slowed(self, shapes, family=None):
+        out = predict(self, shapes, family=family)
+        if family == "moe":
+            out = {**out, "seconds": out["seconds"] * moe_slowdown, "eta": out["eta"] * moe_slowdown}
+        return out
+
+    monkeypatch.setattr(Predictor, "predict", slowed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         result = kernelsight.simulate(model=model, hardware=hardware, num_requests=20)

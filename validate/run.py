@@ -41,7 +41,7 @@ import os
 import signal
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -204,10 +204,21 @@ def deployment_engine(engine: dict, row: ValidationRow) -> dict:
 
 
 def row_setup(row: ValidationRow, model, tier: Tier, engine: dict) -> Setup:
-    """The simulator setup of one row: its GPU, TP layout, closed-loop workload and engine profile mapping."""
-    return build_setup(model, load_hardware(row.device), EngineProfile.from_mapping(engine, "engine config"),
-                       parallel_for(row, model),
-                       WorkloadConfig.from_config(_workload(row)), tier=tier.predictor_tier, bundle=tier.bundle)
+    """The simulator setup of one row: its GPU, layout, closed-loop workload and engine profile mapping. With
+    attention data parallelism one attention group is simulated (group_row): the groups run in lockstep
+    with equal shares of the clients, and its MoE layers see every group's tokens (the model graph)."""
+    setup = build_setup(model, load_hardware(row.device), EngineProfile.from_mapping(engine, "engine config"),
+                        parallel_for(row, model), WorkloadConfig.from_config(_workload(group_row(row))),
+                        tier=tier.predictor_tier, bundle=tier.bundle)
+    setup.one_group = True
+    return setup
+
+
+def group_row(row: ValidationRow) -> ValidationRow:
+    """The row as one attention group sees it: its share of the clients (the router spreads them evenly)."""
+    if row.attention_dp == 1:
+        return row
+    return replace(row, concurrency=-(-row.concurrency // row.attention_dp))
 
 
 def refusals(rows: list[ValidationRow], models: list, engine: dict) -> dict[int, str]:
@@ -222,7 +233,10 @@ def refusals(rows: list[ValidationRow], models: list, engine: dict) -> dict[int,
             key = (row.device, row.tp, row.pp, row.attention_dp, row.moe_tp, row.moe_ep, model, row.deployment)
             if key not in checked:
                 try:
-                    row_setup(row, model, Tier("check", "roofline", None), deployment_engine(engine, row))
+                    setup = row_setup(row, model, Tier("check", "roofline", None),
+                                      deployment_engine(engine, group_row(row)))
+                    # price a step of each kind: tables fill lazily, so a dtype without a peak shows here
+                    setup.pricer.step_time(StepBatch(prefill_new=(row.isl,), prefill_ctx=(0,), decode_ctx=(row.isl,)))
                     checked[key] = None
                 except KernelsightError as e:
                     checked[key] = str(e)
@@ -240,18 +254,19 @@ def simulate_row(row: ValidationRow, model, tier: Tier, settings: RunSettings,
                  num_requests: int | None = None) -> StepLog:
     """Simulate one row and return its step log (the predictor's warnings travel in log.warnings,
     for the caller to report once per tier)."""
-    engine = deployment_engine(settings.engine, row)
-    key = (row.device, row.tp, row.pp, model, tier, repr(engine))
+    engine = deployment_engine(settings.engine, group_row(row))
+    key = (row.device, row.tp, row.pp, row.attention_dp, row.moe_tp, row.moe_ep, model, tier, repr(engine))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         setup = _SETUPS.get(key)
         if setup is None:
             setup = _SETUPS[key] = row_setup(row, model, tier, engine)
-        n = num_requests or settings.num_requests(row)
+        group = group_row(row)
+        n = -(-(num_requests or settings.num_requests(row)) // row.attention_dp)
         recorder = Recorder()
-        ramp = round_s(setup.pricer, row) if settings.start == "staggered" else 0.0
-        workload = Workload(WorkloadConfig.from_config(_workload(row, ramp)))
-        engine = setup.new_engine(settings.seed, max_concurrency=row.concurrency, recorder=recorder)
+        ramp = round_s(setup.pricer, group) if settings.start == "staggered" else 0.0
+        workload = Workload(WorkloadConfig.from_config(_workload(group, ramp)))
+        engine = setup.new_engine(settings.seed, max_concurrency=group.concurrency, recorder=recorder)
         start = time.perf_counter()
         summary = engine.run(workload.requests(n, settings.seed))
         wall = time.perf_counter() - start

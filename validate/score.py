@@ -38,7 +38,7 @@ from . import composition as comp
 from . import report as rep
 from .cross_bundle import resolve_bundle
 from .rows import ModelMapping, model_for, parallel_for, parse_mappings, read_rows, throughput, with_protocol
-from .run import RunSettings, Tier, first_token_group, refusals, simulate_rows
+from .run import RunSettings, Tier, first_token_group, group_row, refusals, simulate_rows
 
 
 @dataclass(frozen=True)
@@ -192,7 +192,8 @@ def score_tier(v: Validation, tier: Tier, processes: int, progress=None, store=N
               f"{processes} processes)")
     warned = sorted({w for log in logs for w in log.warnings})
     measured, groups = v.measured, [r.model_path for r in v.rows]
-    masks = [comp.measured_requests(log, r.concurrency, v.settings.warmup_rounds) for r, log in zip(v.rows, logs)]
+    masks = [comp.measured_requests(log, group_row(r).concurrency, v.settings.warmup_rounds)
+             for r, log in zip(v.rows, logs)]
     lins = [comp.linearize(log, v.engine.host, mask) for log, mask in zip(logs, masks)]
     simulated = comp.predict(lins, {})
     heldout, thetas = (comp.leave_one_group_out(lins, measured, groups, v.params, v.metrics)

@@ -80,7 +80,7 @@ def _align_kernel(COUNTS, CURSOR, EXPERT_IDS, NUM_POST, max_blocks, E_LOCAL: tl.
     count = tl.load(COUNTS + e, mask=e < E_LOCAL, other=0)
     padded = (count + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     end = tl.cumsum(padded, axis=0)
-    first = tl.program_id(0) == 0
+    first = (e * 0 + tl.program_id(0)) == 0  # a vector of bools: a scalar comparison would mask as int32
     tl.store(CURSOR + e, end - padded, mask=(e < E_LOCAL) & first)
     tl.store(NUM_POST + e, tl.sum(padded, axis=0), mask=(e == 0) & first)
     end_block = tl.where(e < E_LOCAL, end // BLOCK_M, max_blocks)
@@ -182,7 +182,7 @@ def _sum_kernel(Y, IDS, OUT, N: tl.constexpr, TOP_K: tl.constexpr, E_LOCAL: tl.c
     ok = offs < N
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for j in tl.static_range(TOP_K):
-        local = tl.load(IDS + t * TOP_K + j) < E_LOCAL
+        local = (offs * 0 + tl.load(IDS + t * TOP_K + j)) < E_LOCAL  # a vector of bools, as the mask needs
         acc += tl.load(Y + (t * TOP_K + j) * N + offs, mask=ok & local, other=0.0).to(tl.float32)
     tl.store(OUT + t * N + offs, acc.to(OUT.dtype.element_ty), mask=ok)
 
