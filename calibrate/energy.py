@@ -36,7 +36,8 @@ import numpy as np
 import pandas as pd
 
 from kernelsight.predictor.bundle import sha256_file
-from kernelsight.predictor.energy import POOLED, EnergyModel, PowerModel, default_energy_path, fraction, utilisation
+from kernelsight.predictor.energy import (MAX_COEF, POOLED, EnergyModel, PowerModel, default_energy_path, fraction,
+                                          utilisation)
 from kernelsight.predictor.errors import KernelsightError, check_seed, whole_number
 from kernelsight.predictor.families import SHAPE_COLUMNS
 from kernelsight.predictor.hardware import load_hardware
@@ -446,7 +447,8 @@ def report_text(model: EnergyModel, cv: pd.DataFrame, transfer: pd.DataFrame, re
     top = float(high["max power / TDP"].max()) if len(high) else float("nan")
     lines = [
         "# Energy model: kernel power from the roofline, fitted on NVML readings", "",
-        f"`{model.to_dict()['model']}`, E = P x t; parameters are fractions of TDP. Fitted on "
+        f"`{model.to_dict()['model']}`, E = P x t; parameters are fractions of TDP (compute and memory up to "
+        f"{MAX_COEF:g}: full use of a unit would ask for more than TDP; the min() is the cap). Fitted on "
         f"{fo['rows']} rows of {fo['device']} (TDP {fo['tdp_w']:.0f} W), sweeps {', '.join(fo['sweeps'])}. "
         f"Idle (between kernels) = {model.idle:.3f} x TDP = {model.idle * fo['tdp_w']:.0f} W: the median power of "
         f"the {fo['idle_rows']} rows whose kernels use under {s.idle_max_share:.0%} of either roofline "
