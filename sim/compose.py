@@ -174,4 +174,4 @@ def run_config(cfg: Mapping, sources: Mapping | None = None, *, out_dir: Path | 
                     allow_long_max_model_len=cfg.get("allow_long_max_model_len", False), slo=cfg.get("slo"),
                     out_dir=out_dir, trace_steps=cfg.get("trace_steps", 2000),
                     trace_kernel_steps=cfg.get("trace_kernel_steps", 20), keep_requests=keep_requests,
-                    progress=progress)
+                    progress=progress, intervals=bool(cfg.get("intervals", False)))

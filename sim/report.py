@@ -330,8 +330,11 @@ def format_summary(summary: dict, title: str, acc: BreakdownAccumulator | None =
     width = 50
     lines = ["{s:{c}^{n}}".format(s=" Serving Simulation Result ", n=width, c="="), title]
 
+    ranges = summary.get("intervals") or {}
+
     def row(label, key, fmt=_fmt):
-        lines.append(f"{label:<40} {fmt(summary[key]):<10}")
+        span = f" ({_fmt(ranges[key][0])}-{_fmt(ranges[key][1])})" if key in ranges else ""
+        lines.append(f"{label:<40} {fmt(summary[key]) + span:<10}")
 
     def section(text):
         lines.append("{s:{c}^{n}}".format(s=text, n=width, c="-"))

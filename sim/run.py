@@ -44,6 +44,9 @@ from .scheduler import SchedulerConfig
 from .workload import Workload, WorkloadConfig
 
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
+# Summary metrics given a range by simulate(intervals=True).
+INTERVAL_METRICS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
+                    "mean_e2el_ms", "request_throughput", "output_throughput", "total_token_throughput")
 
 
 @dataclass
@@ -84,10 +87,12 @@ class Setup:
 
 def build_setup(model: ModelConfig, hardware: Hardware, engine: EngineProfile, parallel: ParallelConfig,
                 workload: WorkloadConfig, *, tier: str = "auto", bundle=None,
-                max_model_len: int | None = None, allow_long_max_model_len: bool = False, energy=None) -> Setup:
+                max_model_len: int | None = None, allow_long_max_model_len: bool = False, energy=None,
+                band: str | None = None) -> Setup:
     """A validated Setup: the GPU on the layout's network, KV blocks, pricer over the predictor's `tier`
     and `bundle` (None: the shipped one) and the power model `energy` (None: the shipped one, a JSON path,
-    False: no energy). max_model_len None is the model's context length (vLLM's rule,
+    False: no energy); band: price every kernel at that end of its 80 % interval ('p10', 'p90'; None: the
+    central value). max_model_len None is the model's context length (vLLM's rule,
     context.resolve_max_model_len). Any problem is one KernelsightError line."""
     hw = hardware.on_network(parallel.net_gbs_per_gpu)
     blocks = kv_cache_blocks(model, hw, engine, parallel)  # refuses layouts that do not fit
@@ -95,7 +100,7 @@ def build_setup(model: ModelConfig, hardware: Hardware, engine: EngineProfile, p
         raise KernelsightError(f"model {model.name} on {hw.key}: only {blocks} KV block fits; "
                                f"nothing is left beside vLLM's null block")
     sched = SchedulerConfig.from_engine(engine)
-    pricer = StepPricer(model, hw, engine, parallel, Predictor(hw, tier=tier, bundle=bundle),
+    pricer = StepPricer(model, hw, engine, parallel, Predictor(hw, tier=tier, bundle=bundle, band=band),
                         power=kernel_power(hw, energy))
     max_len = resolve_max_model_len(model, max_model_len, allow_long_max_model_len)
     if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < max_len:
@@ -222,7 +227,7 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
              allow_long_max_model_len: bool = False,
              slo: dict | None = None, out_dir: Path | None = None, trace_steps: int = 2000,
              trace_kernel_steps: int = 20, breakdown: bool = True, keep_requests: bool = False,
-             progress=None, fast_forward: bool = True, energy=None) -> SimulationResult:
+             progress=None, fast_forward: bool = True, energy=None, intervals: bool = False) -> SimulationResult:
     """Simulate `num_requests` requests of `workload` (None: every row of a trace) on `parallel.dp` replicas
     of `model` on `hardware` under `engine`; kernels priced in predictor `tier` from `bundle`, energy with the
     power model `energy` (None: the shipped one; a JSON path; False: none; the breakdown carries it, so
@@ -231,7 +236,9 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
     slo: {ttft_ms, tpot_ms, e2el_ms} thresholds for goodput. out_dir: also write requests.parquet,
     steps.parquet and trace.json there. keep_requests: keep the per-request table in memory. progress: a
     tqdm-like factory for a bar over finished requests (see run). fast_forward=False: simulate every
-    engine step one by one (same result, slower; see run).
+    engine step one by one (same result, slower; see run). intervals: run again with every kernel priced at
+    the low and the high end of its 80 % interval (predictor/predict.py) and put each metric's range in
+    summary['intervals'] (errors of kernels moving together: the widest the run can be).
     """
     if num_requests is not None:
         whole_number(num_requests, "num_requests", hint="null: every row of a trace")
@@ -244,5 +251,12 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
     slo_ms = check_slo(slo)
     if num_requests is None and setup.workload.trace is None:
         raise KernelsightError("num_requests=null only replays a whole trace; synthetic workloads need a count")
-    return run(setup, num_requests, seed, router, slo_ms, out_dir, trace_steps, trace_kernel_steps, breakdown,
-               keep_requests, progress, fast_forward)
+    result = run(setup, num_requests, seed, router, slo_ms, out_dir, trace_steps, trace_kernel_steps, breakdown,
+                 keep_requests, progress, fast_forward)
+    if intervals and tier != "roofline":
+        ends = [run(build_setup(model, hardware, engine, parallel, workload, tier=tier, bundle=bundle,
+                                max_model_len=max_model_len, allow_long_max_model_len=allow_long_max_model_len,
+                                energy=False, band=band), num_requests, seed, router, slo_ms, breakdown=False,
+                    fast_forward=fast_forward).summary for band in ("p10", "p90")]
+        result.summary["intervals"] = {key: sorted(float(end[key]) for end in ends) for key in INTERVAL_METRICS}
+    return result

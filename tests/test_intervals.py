@@ -74,3 +74,26 @@ def test_the_predictor_applies_the_bundle_intervals():
     assert cols["seconds_p90"][0] == pytest.approx(first["latency_p90_us"] * 1e-6)
     roof = Predictor("h100_sxm", tier="roofline").predict(shape)
     assert roof["latency_p10_us"].isna().all()
+
+
+def test_simulate_gives_each_latency_its_range_from_the_kernel_intervals():
+    import warnings
+
+    import kernelsight
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = kernelsight.simulate(num_requests=60)
+        plain = kernelsight.simulate(num_requests=60, intervals=False)
+        roofline = kernelsight.simulate(num_requests=60, **{"predictor.tier": "roofline"})
+    s = result.summary
+    for key in ("mean_ttft_ms", "mean_tpot_ms", "p99_tpot_ms"):
+        lo, hi = s["intervals"][key]
+        assert lo < s[key] < hi, key
+    assert s["mean_tpot_ms"] == plain.summary["mean_tpot_ms"] and "intervals" not in plain.summary
+    assert "intervals" not in roofline.summary  # η = 1 has no interval
+    from kernelsight.sim.report import _fmt, format_summary
+
+    text = format_summary(s, "title")
+    lo, hi = s["intervals"]["mean_tpot_ms"]
+    assert f"{_fmt(s['mean_tpot_ms'])} ({_fmt(lo)}-{_fmt(hi)})" in text
