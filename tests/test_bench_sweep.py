@@ -217,7 +217,9 @@ def test_ctrl_c_says_in_one_line_how_to_continue_with_every_override(kernelsight
 
     script = tmp_path / "run_bench.py"
     script.write_text(RUNNER)
-    args = [*CPU, f"out={tmp_path}", "sweep_id=i", "shard_rows=2", NO_COLLECTIVES]
+    # 100 timed calls per kernel: the sweep lasts seconds, so the signal lands mid-sweep on a fast or busy machine
+    args = [*CPU, f"out={tmp_path}", "sweep_id=i", "shard_rows=2", NO_COLLECTIVES, "sweep.timing.min_reps=100",
+            "sweep.timing.max_reps=100", "sweep.timing.budget_ms=1e9"]
     sweep_dir = tmp_path / "cpu" / "i"
     proc = subprocess.Popen([sys.executable, str(script), "bench", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)

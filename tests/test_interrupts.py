@@ -272,10 +272,11 @@ def test_bench_interrupted_resumes_without_duplicates(sig, tmp_path, monkeypatch
     from kernelsight.predictor.sweep import read_sweep
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # what bench device=cpu sets, undone after the test
-    # The torch kernels of the cpu grid, each timed 100 times after flushing 32 MiB of cache: ~4 s of measuring.
+    # The torch kernels of the cpu grid, each timed 300 times after flushing 32 MiB of cache: seconds of measuring,
+    # well past the longest signal delay (2 s).
     settings = ["sweep=cpu", "device=cpu", "progress=false", f"out={tmp_path / 'sweeps'}", "shard_rows=2",
-                "sweep.collectives.ops=[]", "providers=[torch]", "sweep.timing.min_reps=100",
-                "sweep.timing.max_reps=100", "sweep.timing.budget_ms=1e9", "sweep.timing.cpu_flush_mb=32"]
+                "sweep.collectives.ops=[]", "providers=[torch]", "sweep.timing.min_reps=300",
+                "sweep.timing.max_reps=300", "sweep.timing.budget_ms=1e9", "sweep.timing.cpu_flush_mb=32"]
     sweep = tmp_path / "sweeps" / "cpu" / "r"
     child = Child(["bench", *settings, "sweep_id=r"], tmp_path, tmp_path / "logs")
     started = child.wait_for(lambda: len(list(sweep.glob("*.parquet"))) >= 1)
