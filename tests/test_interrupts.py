@@ -54,7 +54,10 @@ class Child:
         env = {**os.environ, "HYDRA_FULL_ERROR": "0", "KERNELSIGHT_CACHE": str(logs / "cache"),
                "MPLCONFIGDIR": str(logs / "mpl")}
         with open(self.out_path, "w") as out, open(self.err_path, "w") as err:
-            self.proc = subprocess.Popen(RUNNER + argv, cwd=cwd, stdout=out, stderr=err, env=env)
+            # a foreground command's Ctrl-C: SIGINT at its default even where the test runner was started in the
+            # background of a shell without job control (which starts it, and so its children, ignoring SIGINT)
+            self.proc = subprocess.Popen(RUNNER + argv, cwd=cwd, stdout=out, stderr=err, env=env,
+                                         preexec_fn=default_sigint)
         self.started = time.monotonic()
 
     def wait_for(self, condition, timeout: float = 120.0) -> bool:
@@ -84,6 +87,10 @@ class Child:
             self.proc.wait()
             pytest.fail(f"the command did not end within {timeout} s of the signal")
         return rc, self.out_path.read_text(), self.err_path.read_text()
+
+
+def default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def check_exit(sig: int, sent: bool, rc: int, err: str) -> bool:
@@ -272,11 +279,10 @@ def test_bench_interrupted_resumes_without_duplicates(sig, tmp_path, monkeypatch
     from kernelsight.predictor.sweep import read_sweep
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # what bench device=cpu sets, undone after the test
-    # The torch kernels of the cpu grid, each timed 300 times after flushing 32 MiB of cache: seconds of measuring,
-    # well past the longest signal delay (2 s).
+    # The torch kernels of the cpu grid, each timed 100 times after flushing 32 MiB of cache: ~4 s of measuring.
     settings = ["sweep=cpu", "device=cpu", "progress=false", f"out={tmp_path / 'sweeps'}", "shard_rows=2",
-                "sweep.collectives.ops=[]", "providers=[torch]", "sweep.timing.min_reps=300",
-                "sweep.timing.max_reps=300", "sweep.timing.budget_ms=1e9", "sweep.timing.cpu_flush_mb=32"]
+                "sweep.collectives.ops=[]", "providers=[torch]", "sweep.timing.min_reps=100",
+                "sweep.timing.max_reps=100", "sweep.timing.budget_ms=1e9", "sweep.timing.cpu_flush_mb=32"]
     sweep = tmp_path / "sweeps" / "cpu" / "r"
     child = Child(["bench", *settings, "sweep_id=r"], tmp_path, tmp_path / "logs")
     started = child.wait_for(lambda: len(list(sweep.glob("*.parquet"))) >= 1)
