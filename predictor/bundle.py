@@ -337,23 +337,28 @@ def _inside(root: Path, rel) -> bool:
     return isinstance(rel, str) and root in (root / rel).resolve().parents
 
 
+def check_header(doc: dict, where: str, fmt: str, schema_version: int, required, what: str) -> None:
+    """The checks every versioned kernelsight JSON document opens with: its format (`what` it is not
+    otherwise), a schema version this kernelsight reads, and its required keys; one line naming `where`."""
+    if doc.get("format") != fmt:
+        raise KernelsightError(f"{where}: format is {doc.get('format')!r}, not {fmt!r} (not a {what})")
+    version = doc.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise KernelsightError(f"{where}: schema_version {version!r} is not an integer >= 1")
+    if version > schema_version:
+        raise KernelsightError(f"{where}: schema_version {version} is newer than this kernelsight reads "
+                               f"({schema_version}); upgrade kernelsight")
+    missing = [k for k in required if k not in doc]
+    if missing:
+        raise KernelsightError(f"{where}: missing {', '.join(missing)}")
+
+
 def verify_manifest(path: Path, manifest: dict) -> None:
     """What opening a bundle checks, without reading its models: format, schema version, required keys,
     content_id, each model entry consistent with its key and covered by the file hashes, and every listed
     file inside the bundle and present. The hashes of a model's files are checked when it is loaded."""
     where = f"bundle {path}"
-    if manifest.get("format") != FORMAT:
-        raise KernelsightError(f"{where}: manifest format is {manifest.get('format')!r}, not {FORMAT!r} "
-                               f"(not a kernelsight η bundle)")
-    version = manifest.get("schema_version")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise KernelsightError(f"{where}: manifest schema_version {version!r} is not an integer")
-    if version > SCHEMA_VERSION:
-        raise KernelsightError(f"{where}: schema_version {version} is newer than this kernelsight reads "
-                               f"({SCHEMA_VERSION}); upgrade kernelsight")
-    missing = [k for k in REQUIRED_KEYS if k not in manifest]
-    if missing:
-        raise KernelsightError(f"{where}: manifest lacks {', '.join(missing)}")
+    check_header(manifest, f"{where}: manifest", FORMAT, SCHEMA_VERSION, REQUIRED_KEYS, "kernelsight η bundle")
     files, models = manifest["files"], manifest["models"]
     if not isinstance(files, dict) or not isinstance(models, dict):
         raise KernelsightError(f"{where}: manifest files and models must be JSON objects")

@@ -29,7 +29,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .bundle import canonical_json
+from .bundle import canonical_json, check_header
 from .errors import KernelsightError
 from .paths import data_dir
 
@@ -211,18 +211,7 @@ class EnergyModel:
         """An artifact's document, checked: format, schema, keys, content hash, parameter ranges."""
         if not isinstance(doc, dict):
             raise KernelsightError(f"{where}: not a JSON object")
-        if doc.get("format") != FORMAT:
-            raise KernelsightError(f"{where}: format {doc.get('format')!r}, expected {FORMAT!r} "
-                                   f"(not a kernelsight energy model?)")
-        version = doc.get("schema_version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise KernelsightError(f"{where}: schema_version {version!r} is not a positive integer")
-        if version > SCHEMA_VERSION:
-            raise KernelsightError(f"{where}: schema_version {version} is newer than this kernelsight reads "
-                                   f"({SCHEMA_VERSION}); upgrade kernelsight")
-        missing = [k for k in REQUIRED_KEYS if k not in doc]
-        if missing:
-            raise KernelsightError(f"{where}: missing {', '.join(missing)}")
+        check_header(doc, where, FORMAT, SCHEMA_VERSION, REQUIRED_KEYS, "kernelsight energy model")
         if doc["content_sha256"] != content_sha256(doc):
             raise KernelsightError(f"{where}: content hash mismatch: the file was changed after it was written "
                                    f"(rebuild it with `kernelsight calibrate energy`)")
