@@ -8,8 +8,11 @@ machine absolute times move with the load, ratios much less.
    1024 prompt / 128 output tokens, Llama-3.1-8B on one H100 SXM) as its own process, start to exit
    (python calling kernelsight.cli.main, as the console script does, without a launcher shim's
    start-up; target <= 2 s), and the simulation's
-   own wall time it prints. The command has no fast-forward switch: the step-by-step process is the
-   same command with its engine built with fast_forward=False.
+   own wall time it prints, with the process's CPU time. The command's default (conf/simulate.yaml
+   `intervals: true`) runs the simulation three times (the kernels' central prices and both ends of
+   their 80 % intervals), so the command is also timed with intervals=false. The command has no
+   fast-forward switch: the step-by-step process is the same command with its engine built with
+   fast_forward=False.
 2. Speed: 10,000 ShareGPT-like requests (conf/workload/sharegpt.yaml), same model and GPU, at 90% of
    the engine's capacity, where batches are large and queues build up: simulated requests per
    wall-second and wall time (target <= 1 s), from a fresh pricer (its memo tables are built during the
@@ -74,18 +77,22 @@ def timed_run(overrides: list[str], n: int, fast_forward: bool = True) -> dict:
     return summary
 
 
-def whole_process(fast_forward: bool) -> tuple[float, float]:
-    """(wall time of the process start to exit, the simulation's wall time it printed) of `kernelsight
-    simulate num_requests=10000`."""
+def whole_process(fast_forward: bool, intervals: bool = True) -> tuple[float, float, float]:
+    """(wall time of the process start to exit, the simulation's wall time it printed, the process's CPU
+    time) of `kernelsight simulate num_requests=10000` (with intervals=false unless `intervals`)."""
+    args = WHOLE if intervals else [*WHOLE, "intervals=false"]
     if fast_forward:
-        cmd = [sys.executable, "-c", "import sys; from kernelsight import cli; cli.main(sys.argv[1:])", *WHOLE]
+        cmd = [sys.executable, "-c", "import sys; from kernelsight import cli; cli.main(sys.argv[1:])", *args]
     else:
-        cmd = [sys.executable, __file__, "--step-by-step-cli", *WHOLE]
+        cmd = [sys.executable, __file__, "--step-by-step-cli", *args]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     found = re.search(r"simulated \d+ requests in ([\d.]+) s of wall time", out)
-    return wall, float(found.group(1)) if found else float("nan")
+    return wall, float(found.group(1)) if found else float("nan"), cpu
 
 
 def step_by_step_cli(argv: list[str]) -> None:
@@ -123,10 +130,14 @@ def main() -> None:
     print(f"whole process: `kernelsight simulate num_requests={SPEED_REQUESTS}` (Poisson 8 req/s, 1024/128 tokens, "
           f"Llama-3.1-8B, H100 SXM), start to exit; target <= 2 s")
     procs = {ff: whole_process(ff) for ff in (True, False)}
-    for ff, (wall, sim) in procs.items():
-        print(f"  {'fast-forward' if ff else 'step by step':<13} {wall:6.2f} s (simulation {sim:.2f} s)")
+    for ff, (wall, sim, cpu) in procs.items():
+        print(f"  {'fast-forward' if ff else 'step by step':<13} {wall:6.2f} s (simulation {sim:.2f} s; "
+              f"CPU {cpu:.2f} s)")
     print(f"  ratio step by step / fast-forward: {procs[False][0] / procs[True][0]:.1f}x whole process, "
           f"{procs[False][1] / procs[True][1]:.1f}x simulation")
+    wall, sim, cpu = whole_process(True, intervals=False)
+    print(f"  intervals=false (one simulation instead of three): fast-forward {wall:.2f} s (simulation {sim:.2f} s; "
+          f"CPU {cpu:.2f} s)")
 
     cap = capacity(["workload=sharegpt"], 2000)
     rate = round(0.9 * cap, 2)

@@ -40,7 +40,7 @@ from kernelsight.predictor.families import get_family
 from kernelsight.predictor.features import feature_matrix
 from kernelsight.predictor.hardware import load_hardware
 from kernelsight.predictor.roofline import roofline_columns
-from kernelsight.predictor.transfer import cross_eta, die_siblings
+from kernelsight.predictor.transfer import ROOFLINE, cross_eta, die_siblings
 
 from .models import ConstantEtaBaseline, EtaRegressor, RooflineBaseline, run_fits
 from .rows import unusable
@@ -120,7 +120,11 @@ def _sample(n: int, cap: int, seed: int) -> np.ndarray:
 
 
 def _scored(block: Block, idx: np.ndarray, tier: str, split: str, preds: dict,
-            sibling: np.ndarray | None = None) -> pd.DataFrame:
+            sibling: np.ndarray | None = None, at_roofline: np.ndarray | None = None,
+            extrapolated: dict | None = None) -> pd.DataFrame:
+    """One scored row per test row; sibling: priced by a die sibling; at_roofline: priced at η = 1 by rule
+    (cross tier: collectives over the scale-out network), rows no interval is fitted on; extrapolated:
+    {column: flag per row} of the models that priced them (EtaModel.eta), for the intervals."""
     rows = block.rows.iloc[idx]
     dom = get_family(block.family).dominant
     out = pd.DataFrame({"tier": tier, "split": split, "device": block.device, "family": block.family,
@@ -128,9 +132,12 @@ def _scored(block: Block, idx: np.ndarray, tier: str, split: str, preds: dict,
                         "latency_ms": rows["latency_ms"].to_numpy(dtype=np.float64),
                         "t_roof_ms": rows["t_roof"].to_numpy(dtype=np.float64) * 1e3,
                         "eta": block.eta[idx],
-                        "sibling": np.zeros(len(idx), dtype=bool) if sibling is None else sibling})
+                        "sibling": np.zeros(len(idx), dtype=bool) if sibling is None else sibling,
+                        "at_roofline": np.zeros(len(idx), dtype=bool) if at_roofline is None else at_roofline})
     for name, eta_pred in preds.items():
         out[f"pred_{name}"] = out["t_roof_ms"] * eta_pred
+    for name, flag in (extrapolated or {}).items():
+        out[name] = np.asarray(flag, dtype=bool)
     return out
 
 
@@ -139,10 +146,12 @@ def _baselines(const: ConstantEtaBaseline, block: Block, n: int) -> dict:
     return {"constant": const.predict(dev, fam), "roofline": RooflineBaseline().predict(dev, fam)}
 
 
-def _predict_target(model: EtaRegressor, const: ConstantEtaBaseline, block: Block, idx: np.ndarray) -> dict:
-    raw = model.predict(block.x["target"][idx], floor=False)
+def _predict_target(model: EtaRegressor, const: ConstantEtaBaseline, block: Block,
+                    idx: np.ndarray) -> tuple[dict, np.ndarray]:
+    """(η per model, the target model's extrapolated flag) of rows idx."""
+    raw, flag = model.model_.eta(np.ascontiguousarray(block.x["target"][idx], dtype=np.float64), floor=False)
     eta = np.maximum(raw, model.eta_floor)
-    return {"lightgbm": eta, DIAGNOSTIC: raw, **_baselines(const, block, len(idx))}
+    return {"lightgbm": eta, DIAGNOSTIC: raw, **_baselines(const, block, len(idx))}, flag
 
 
 def _target_fold(block: Block, fold: np.ndarray, f: int, learner: dict) -> pd.DataFrame:
@@ -150,8 +159,8 @@ def _target_fold(block: Block, fold: np.ndarray, f: int, learner: dict) -> pd.Da
     model = EtaRegressor(block.family, "target", block.device, **learner).fit(block.x["target"][train],
                                                                               block.eta[train])
     const = ConstantEtaBaseline().fit([block.device] * len(train), [block.family] * len(train), block.eta[train])
-    preds = _predict_target(model, const, block, test)
-    return _scored(block, test, "target", f"fold {f}", preds).assign(fold=f)
+    preds, flag = _predict_target(model, const, block, test)
+    return _scored(block, test, "target", f"fold {f}", preds, extrapolated={"extrapolated": flag}).assign(fold=f)
 
 
 def evaluate_target(blocks: dict, learner: dict, folds: int, seed: int, devices=None, jobs: int = 1,
@@ -233,9 +242,12 @@ def _cross_split(blocks: dict, family: str, split: str, test_device: str, exclud
     path = {floor: cross_eta(family, block.cols, hw, block.roof, model.model_, siblings, floor=floor)
             for floor in (True, False)}
     idx = np.arange(len(block.rows))
-    preds = {"lightgbm": path[True]["eta"], DIAGNOSTIC: path[False]["eta"],
-             NO_SIBLING: model.predict(block.x["cross"]), **_baselines(const, block, len(idx))}
-    return _scored(block, idx, "cross", split, preds, path[True]["sibling"]).assign(fold=-1)
+    alone, alone_flag = model.model_.eta(np.ascontiguousarray(block.x["cross"], dtype=np.float64))
+    preds = {"lightgbm": path[True]["eta"], DIAGNOSTIC: path[False]["eta"], NO_SIBLING: alone,
+             **_baselines(const, block, len(idx))}
+    flags = {"extrapolated": path[True]["extrapolated"], "extrapolated_no_sibling": alone_flag}
+    return _scored(block, idx, "cross", split, preds, path[True]["sibling"], path[True]["model"] == ROOFLINE,
+                   flags).assign(fold=-1)
 
 
 def evaluate_cross(blocks: dict, learner: dict, cap: int, seed: int, extra: dict, devices=None,
@@ -293,7 +305,7 @@ def evaluate_other_sources(blocks: dict, rows: pd.DataFrame, learner: dict, cap:
         for source, src in part.groupby("source", sort=True):
             other = build_blocks(src, cap, seed)[(device, family)]
             idx = np.arange(len(other.rows))
-            scored = _scored(other, idx, "target", f"other {source}", _predict_target(model, const, other, idx))
+            scored = _scored(other, idx, "target", f"other {source}", _predict_target(model, const, other, idx)[0])
             small = scored["dominant"] <= DECODE_SIZED
             band = np.where(small, f"<= {DECODE_SIZED}", f"> {DECODE_SIZED}")
             token_count = get_family(family).dominant in TOKEN_FIELDS

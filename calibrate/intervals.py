@@ -1,84 +1,154 @@
-"""80 % prediction intervals from held-out residuals (split-conformal per tier, family and pricing path).
+"""80 % prediction intervals from held-out residuals, per pricing path, family and difficulty.
 
-A held-out residual is r = log(measured / predicted latency) of a row the model never saw: the target
-tier's grouped K-fold test rows, the cross tier's leave-one-GPU-out rows. A prediction's interval is
-[predicted * exp(q10), predicted * exp(q90)] with q10, q90 the residual quantiles of its group:
+A held-out residual is r = log(measured / predicted latency) of a row the model never saw, made the way
+the path makes its predictions:
 
-  target               per family;
-  cross                per family, rows the cross-device model priced;
-  sibling              per family, cross-tier rows a die sibling's target model priced.
+  target    the GPU's own model: the target tier's grouped K-fold test rows;
+  sibling   a die sibling's target model on a GPU it was not fitted on: the cross tier's leave-one-GPU-out
+            rows that a sibling priced;
+  cross     the cross-device LightGBM model on a GPU it was not fitted on: every leave-one-GPU-out row of
+            the model alone (its 'no sibling' prediction), not only the rows no sibling covered, so its
+            residuals come from every GPU of the family rather than the few without a die sibling;
+            collectives over the scale-out network, priced at the roofline by rule, are left out.
 
-So the interval is as wide as the path that made the prediction has been wrong on data it never saw. A
-group with fewer than MIN_ROWS residuals takes its path's quantiles pooled over families ('*'). The
-predictor applies them (predictor/predict.py): the lower end never below the roofline (η >= 1), and an
-extrapolated prediction gets the wider of its own path's and the cross path's interval.
+A prediction's interval is [predicted * exp(q10), predicted * exp(q90)] with q10, q90 the quantiles of its
+group's residuals. Why the cross and sibling paths are not plain pooled quantiles: their errors are mostly
+a bias per GPU (a held-out GPU is predicted too slow or too fast as a whole), and a family has only 2-13
+GPUs, so a new GPU's bias is one more draw from a few. Their quantiles are those of b + e (a random-effects
+predictive distribution): e the residuals about their own GPU's median, every GPU weighted equally; b the
+GPU medians, their spread about the mean widened by sqrt((K + 1) / (K - 1)) for K GPUs (the predictive
+spread of one new draw: the medians' sample variance, K - 1 degrees of freedom, plus the uncertainty of
+their mean). Target residuals are the GPU's own, pooled as they are.
 
-Coverage is measured honestly, cross-fitted: a target-tier row's interval comes from the other folds'
-residuals, a cross-tier row's from the other held-out GPUs' residuals; the share of rows inside is
-reported per tier and family (calibration report).
+Difficulty: a row whose features lie outside the model's training range (EtaModel.eta's extrapolated
+flag: a feature beyond its range, an unseen category, an η outside the training η) has its own group,
+'<path> extrapolated', fitted on the extrapolated residuals of that path. Family groups with fewer than
+MIN_ROWS residuals (or cross / sibling groups with fewer than 2 GPUs) take the group's pooled quantiles
+('*'); an extrapolated group that small is left out (its rows keep the wider of their own and the cross
+path's interval). The predictor (predictor/predict.py) gives an extrapolated prediction the widest of its
+path's interval, its path's extrapolated interval and the cross path's interval; the lower end never
+below the roofline.
+
+Coverage is measured on data the interval was not set on: a target row against the interval fitted on the
+other folds' residuals, a cross or sibling row against the interval fitted on the other GPUs' residuals,
+with the same rules; the share of rows inside is reported per path and family (calibration report).
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
+from kernelsight.predictor.predict import interval_quantiles
+
 LEVEL = (0.10, 0.90)
 MIN_ROWS = 50
 PATHS = ("target", "cross", "sibling")
+EXTRAPOLATED = " extrapolated"
+BY_GPU = ("cross", "sibling")  # paths whose quantiles treat the GPU as the unit (random effects)
+_GRID = np.linspace(0.0005, 0.9995, 1000)  # quantile levels that represent a within-GPU distribution
+COLUMNS = ["path", "family", "device", "unit", "extrapolated", "residual"]
 
 
 def residual_frame(scored: pd.DataFrame) -> pd.DataFrame:
-    """The held-out rows that intervals are fitted on: path, family, the unit they are held out by, residual."""
+    """The held-out rows that intervals are fitted on: path, family, GPU, the unit they are held out by (a
+    target fold, else the GPU), the extrapolated flag of the model that priced them, residual."""
     if scored.empty:
-        return pd.DataFrame(columns=["path", "family", "unit", "residual"])
-    target = scored["tier"] == "target"
-    lodo = (scored["tier"] == "cross") & scored["split"].str.startswith("lodo ")
-    keep = scored[target | lodo]
-    path = np.where(keep["tier"] == "target", "target", np.where(keep["sibling"], "sibling", "cross"))
-    unit = np.where(keep["tier"] == "target", keep["device"] + " fold " + keep["fold"].astype(str), keep["device"])
-    residual = np.log(keep["latency_ms"].to_numpy(float) / keep["pred_lightgbm"].to_numpy(float))
-    return pd.DataFrame({"path": path, "family": keep["family"].to_numpy(), "unit": unit,
-                         "residual": residual}).replace([np.inf, -np.inf], np.nan).dropna()
+        return pd.DataFrame(columns=COLUMNS)
+
+    def part(rows, path, pred, flag):
+        flags = rows[flag].to_numpy(bool) if flag in rows else np.zeros(len(rows), dtype=bool)
+        unit = rows["device"] + " fold " + rows["fold"].astype(str) if path == "target" else rows["device"]
+        return pd.DataFrame({"path": path, "family": rows["family"].to_numpy(), "device": rows["device"].to_numpy(),
+                             "unit": np.asarray(unit), "extrapolated": flags,
+                             "residual": np.log(rows["latency_ms"].to_numpy(float) / rows[pred].to_numpy(float))})
+
+    lodo = scored[(scored["tier"] == "cross") & scored["split"].str.startswith("lodo ")]
+    if "at_roofline" in lodo:
+        lodo = lodo[~lodo["at_roofline"].astype(bool)]
+    parts = [part(scored[scored["tier"] == "target"], "target", "pred_lightgbm", "extrapolated"),
+             part(lodo[lodo["sibling"].astype(bool)], "sibling", "pred_lightgbm", "extrapolated"),
+             part(lodo, "cross", "pred_lightgbm_no_sibling", "extrapolated_no_sibling")]
+    return pd.concat(parts, ignore_index=True).replace([np.inf, -np.inf], np.nan).dropna()
 
 
-def _quantiles(residuals: np.ndarray) -> dict:
-    lo, hi = np.quantile(residuals, LEVEL)
-    return {"p10": round(float(lo), 6), "p90": round(float(hi), 6), "rows": int(len(residuals))}
+def _weighted_quantiles(values: np.ndarray, weights: np.ndarray, levels) -> np.ndarray:
+    order = np.argsort(values, kind="stable")
+    v, w = values[order], weights[order]
+    cum = (np.cumsum(w) - w / 2) / w.sum()
+    return np.interp(levels, cum, v)
+
+
+def quantiles(residuals: np.ndarray, devices: np.ndarray | None = None) -> tuple[float, float]:
+    """(q10, q90): plain quantiles, or with `devices` the random-effects quantiles (module doc)."""
+    r = np.asarray(residuals, dtype=np.float64)
+    if devices is None:
+        lo, hi = np.quantile(r, LEVEL)
+        return float(lo), float(hi)
+    frame = pd.DataFrame({"device": np.asarray(devices), "r": r})
+    by = frame.groupby("device", sort=True)["r"]
+    median, count = by.transform("median").to_numpy(), by.transform("size").to_numpy()
+    within = _weighted_quantiles(r - median, 1.0 / count, _GRID)
+    bias = by.median().to_numpy()
+    k = len(bias)
+    if k >= 2:
+        bias = bias.mean() + (bias - bias.mean()) * np.sqrt((k + 1) / (k - 1))
+    lo, hi = np.quantile((bias[:, None] + within[None, :]).ravel(), LEVEL)
+    return float(lo), float(hi)
+
+
+def _fit_group(part: pd.DataFrame, path: str, pooled: bool = False) -> tuple[float, float] | None:
+    """A group's (q10, q90), or None when it is too small to stand alone; a path's pooled group always has
+    one (plain quantiles where it holds a single GPU)."""
+    by_gpu = path in BY_GPU and part["device"].nunique() >= 2
+    if part.empty or (not pooled and (len(part) < MIN_ROWS or (path in BY_GPU and not by_gpu))):
+        return None
+    return quantiles(part["residual"].to_numpy(), part["device"].to_numpy() if by_gpu else None)
+
+
+def _entry(q: tuple[float, float], rows: int) -> dict:
+    return {"p10": round(q[0], 6), "p90": round(q[1], 6), "rows": int(rows)}
 
 
 def fit_intervals(residuals: pd.DataFrame) -> dict:
-    """{path: {family or '*': {p10, p90, rows}}}: each path's quantiles per family and pooled ('*')."""
+    """{group: {family or '*': {p10, p90, rows}}}, group a path or '<path> extrapolated': each group's
+    quantiles per family and pooled over families ('*')."""
     out: dict = {}
-    for path, part in residuals.groupby("path", sort=True):
-        table = {"*": _quantiles(part["residual"].to_numpy())}
-        for family, fam in part.groupby("family", sort=True):
-            if len(fam) >= MIN_ROWS:
-                table[family] = _quantiles(fam["residual"].to_numpy())
-        out[path] = table
+    for path, rows in residuals.groupby("path", sort=True):
+        for group, part in ((path, rows), (path + EXTRAPOLATED, rows[rows["extrapolated"].astype(bool)])):
+            pooled = _fit_group(part, path, pooled=group == path)
+            if pooled is None:
+                continue
+            table = {"*": _entry(pooled, len(part))}
+            for family, fam in part.groupby("family", sort=True):
+                q = _fit_group(fam, path)
+                if q is not None:
+                    table[family] = _entry(q, len(fam))
+            out[group] = table
     return out
 
 
 def coverage(residuals: pd.DataFrame) -> pd.DataFrame:
-    """Cross-fitted coverage per path and family: each unit's (fold's or GPU's) rows against the interval
-    fitted on the other units' residuals of the same path; the median interval width as p90 / p10."""
+    """Held-out coverage per path and family: each unit's (target: fold's; cross, sibling: GPU's) rows against
+    the intervals fitted (fit_intervals) on the other units' residuals of the path; the share of extrapolated
+    rows and the median interval width as p90 / p10."""
     rows = []
-    for (path, family), part in residuals.groupby(["path", "family"], sort=True):
-        units = part["unit"].unique()
-        if len(units) < 2:
-            continue
-        inside, widths = 0, []
-        for unit in units:
-            test = part["unit"] == unit
-            other = residuals[(residuals["path"] == path) & (residuals["unit"] != unit)]
-            same = other[other["family"] == family]
-            fitted = same if len(same) >= MIN_ROWS else other
-            if fitted.empty:
-                continue
-            lo, hi = np.quantile(fitted["residual"].to_numpy(), LEVEL)
-            r = part.loc[test, "residual"].to_numpy()
-            inside += int(((r >= lo) & (r <= hi)).sum())
-            widths += [np.exp(hi - lo)] * len(r)
-        if widths:
-            rows.append({"path": path, "family": family, "rows": len(widths),
-                         "coverage_pct": 100.0 * inside / len(widths), "width_p90_over_p10": float(np.median(widths))})
-    return pd.DataFrame(rows, columns=["path", "family", "rows", "coverage_pct", "width_p90_over_p10"])
+    for path, prows in residuals.groupby("path", sort=True):
+        inside: dict = {}
+        for unit in prows["unit"].unique():
+            test = prows[prows["unit"] == unit]
+            fitted = fit_intervals(prows[prows["unit"] != unit])
+            for (family, extrapolated), part in test.groupby(["family", "extrapolated"], sort=True):
+                q = interval_quantiles(fitted, path, family, bool(extrapolated))
+                if q is None:
+                    continue
+                r = part["residual"].to_numpy()
+                acc = inside.setdefault(family, [0, 0, 0, []])
+                acc[0] += int(((r >= q[0]) & (r <= q[1])).sum())
+                acc[1] += len(r)
+                acc[2] += int(extrapolated) * len(r)
+                acc[3] += [np.exp(q[1] - q[0])] * len(r)
+        for family, (hit, n, extra, widths) in sorted(inside.items()):
+            rows.append({"path": path, "family": family, "rows": n, "coverage_pct": 100.0 * hit / n,
+                         "extrapolated_pct": 100.0 * extra / n, "width_p90_over_p10": float(np.median(widths))})
+    return pd.DataFrame(rows, columns=["path", "family", "rows", "coverage_pct", "extrapolated_pct",
+                                       "width_p90_over_p10"])

@@ -20,6 +20,7 @@ import pandas as pd
 
 from kernelsight.predictor.bundle import ETA_TARGET, GAP_TARGET, T_ROOF_FEATURE, EtaModel
 from kernelsight.predictor.errors import KernelsightError, check_seed, did_you_mean, whole_number
+from kernelsight.predictor.families import get_family
 from kernelsight.predictor.features import TIERS, features
 
 from .bundle import slim_model_text
@@ -123,7 +124,10 @@ class EtaRegressor:
     them); not the cross tier, where a leaf would extrapolate linearly in the
     hardware features of an unseen GPU; linear_lambda: its ridge penalty;
     num_threads is fixed (results depend on it); eta_floor: predictions never
-    go below it (1: never faster than the roofline).
+    go below it (1: never faster than the roofline). Collectives (unit 'link') learn log η in every tier:
+    their bounds span 2 GB/s (PCIe through the host bridge) to 900 GB/s (NVLink 5), so the time above the
+    bound scales with it and a gap in microseconds learned on NVLink GPUs does not carry to a PCIe one
+    (leave-one-GPU-out: calibration report).
     """
 
     def __init__(self, family: str, tier: str, device: str | None = None, num_trees: int = 100,
@@ -142,6 +146,7 @@ class EtaRegressor:
         self.linear_tiers, self.linear_lambda = tuple(linear_tiers), float(linear_lambda)
         self.gap_tiers = tuple(gap_tiers)
         self.num_threads, self.seed, self.eta_floor = num_threads, seed, eta_floor
+        self._link = get_family(family).unit == "link"
 
     def _lgb_params(self) -> dict:
         return {**DETERMINISTIC, "objective": self.objective, "learning_rate": self.learning_rate,
@@ -161,7 +166,7 @@ class EtaRegressor:
             raise ValueError(f"{self.family}/{self.tier}: {x.shape[1]} feature columns, expected {len(names)}")
         if len(eta) == 0 or not np.all(eta > 0):
             raise ValueError(f"{self.family}/{self.tier}: need positive η values to fit")
-        target = GAP_TARGET if self.tier in self.gap_tiers else ETA_TARGET
+        target = GAP_TARGET if self.tier in self.gap_tiers and not self._link else ETA_TARGET
         if target == GAP_TARGET:
             t_roof_us = np.exp2(x[:, names.index(T_ROOF_FEATURE)])
             label = np.log(np.maximum(eta - 1.0, MIN_GAP) * t_roof_us)

@@ -1,4 +1,5 @@
-"""Predicted kernel latencies with their errors: one kernel shape, or every row of a sweep file.
+"""Predicted kernel latencies with their errors for every row of a sweep file (one kernel shape:
+cli/predict.py's predict_kernel, through the predictor's columns path).
 
 A sweep's rows holding measurements get per-row errors beside the constant-η
 baseline of the bundle (the median η per family and GPU it was fitted on) and
@@ -9,33 +10,12 @@ from __future__ import annotations
 import pandas as pd
 
 from kernelsight.predictor.bundle import load_bundle, shared_bundle
-from kernelsight.predictor.errors import KernelsightError
-from kernelsight.predictor.families import SHAPE_COLUMNS, get_family, make_shape
-from kernelsight.predictor.hardware import Hardware, load_hardware
+from kernelsight.predictor.families import SHAPE_COLUMNS
+from kernelsight.predictor.hardware import load_hardware
 from kernelsight.predictor.predict import Predictor
 from kernelsight.predictor.sweep import read_sweep
 
 from .models import ConstantEtaBaseline
-
-
-def kernel_frame(kernel: dict) -> pd.DataFrame:
-    """One kernel shape ({'family': ..., its shape fields; None = unset}) as a one-row frame, checked."""
-    family = kernel.get("family")
-    if not family:
-        given = [f"kernel.{k}={v}" for k, v in kernel.items() if k != "family" and v is not None]
-        raise KernelsightError(f"{given[0] + ' without kernel.family: ' if given else ''}give "
-                               f"kernel.family=<family> and its shape fields, or sweep_file=FILE")
-    fam = get_family(family)
-    given = {k: v for k, v in kernel.items() if k != "family" and v is not None}
-    shape = make_shape(family, **given)
-    return pd.DataFrame([shape.row()], columns=["family", *fam.columns])
-
-
-def predict_kernel(hw: Hardware, kernel: dict, tier: str, bundle=None) -> tuple[pd.Series, pd.Series]:
-    """(the shape row, its prediction row: t_roof, bound, eta, tier, model, extrapolated, latency_us)."""
-    df = kernel_frame(kernel)
-    pred = Predictor(hw, tier=tier, bundle=bundle).predict(df)
-    return df.iloc[0], pred.iloc[0]
 
 
 def predict_sweep(path, tier: str, bundle, net_gbs_per_gpu: float) -> pd.DataFrame:

@@ -99,10 +99,14 @@ def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.Dat
           "## Cross-device tier per held-out GPU", "", markdown_table(_mape_table(per, "cross")), "",
           "## 80 % prediction intervals: held-out coverage", "",
           "Every prediction carries [p10, p90] = predicted x exp(q10, q90), the quantiles of held-out "
-          "log(measured / predicted) of the path that priced it (calibrate/intervals.py: the target tier's "
-          "K-fold rows per family; the cross tier's leave-one-GPU-out rows per family, apart for rows a die "
-          "sibling priced). Coverage here is cross-fitted: each fold's (target) or held-out GPU's (cross) "
-          "rows against the interval fitted without them. Aim: 75-85 %. Width: median p90 / p10.", "",
+          "log(measured / predicted) of the path that priced it, per family (calibrate/intervals.py): target, "
+          "the target tier's K-fold rows; sibling, the leave-one-GPU-out rows a die sibling priced; cross, "
+          "every leave-one-GPU-out row of the cross-device model alone. Cross and sibling quantiles treat "
+          "the GPU as the unit (a bias per GPU plus the spread about it, the biases' spread widened for the "
+          "few GPUs seen); rows with features outside the model's training range have their own, wider "
+          "group ('extrapolated %': their share). Coverage is measured on data the interval was not set on: "
+          "each fold's (target) or held-out GPU's (cross, sibling) rows against the intervals fitted "
+          "without them. Aim: 75-85 %. Width: median p90 / p10.", "",
           markdown_table(covered), "",
           "## Repeat measurements", "",
           "Kernels of the kept sweep that another sweep of the same source and GPU timed again (same harness, "

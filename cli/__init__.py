@@ -45,6 +45,9 @@ COMMANDS = {
     "simulate": Command("kernelsight.cli.simulate:simulate",
                         "replay a serving workload on simulated vLLM engines: TTFT/TPOT/ITL/E2E, throughput, KV cache, "
                         "GPU time per kernel family"),
+    "plan": Command("kernelsight.cli.plan:plan",
+                    "search GPUs, layouts and vLLM settings for the cheapest deployment that serves a load within "
+                    "latency SLOs: ranked table, Pareto front, every candidate in Parquet"),
     "validate": Command("kernelsight.cli.validate:validate",
                         "simulate every row of a validation CSV (real serving runs) and score TTFT, TPOT and "
                         "throughput in both η tiers", positional="csv"),
@@ -126,14 +129,14 @@ def check_group_overrides(args: list[str]) -> list[str]:
 def _file_choice(group: str, value: str, files: dict) -> str | None:
     """A group choice given as a file (a .yaml of the group; for model also a HF config.json or its folder):
     the name it gets in the search path _file_groups writes (None when the value is not a file)."""
-    from kernelsight.sim.compose import group_config
-
     path = Path(value).expanduser()
     if not ((path.suffix in (".yaml", ".json") and path.is_file()) or (path / "config.json").is_file()):
         if path.suffix in (".yaml", ".json") or "/" in value:
             raise KernelsightError(f"{group}={value}: no such file" + (" (nor a folder with a config.json)"
                                                                         if group == "model" else ""))
         return None
+    from kernelsight.sim.compose import group_config  # the simulator only for a file: a name needs none
+
     config, _ = group_config(group, str(path))
     data = config.as_dict() if hasattr(config, "as_dict") else config  # a HF config read, or the YAML mapping
     name = f"file-{hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]}"
@@ -220,15 +223,44 @@ def check_composes(name: str, overrides: list[str]) -> None:
     """Compose a single run's config first, so an unknown key or bad value is one line, not Hydra's page."""
     if any(o in ("-m", "--multirun") for o in overrides):
         return  # sweeps are checked by Hydra per job
+    plain = [o for o in overrides if not o.startswith("-") and (not o.startswith("hydra") or
+                                                               o.startswith("hydra.searchpath="))]
+    _compose(name, plain)
+
+
+def single_job(overrides: list[str]) -> bool:
+    """Whether the command is one job of plain settings (no Hydra flag, no hydra.* setting or hydra/ group
+    but the search path): it then runs on one compose (compose_job) instead of Hydra's app, which composes
+    the config twice more; Hydra's app gives nothing such a job uses."""
+    return not any(o.startswith("-") or (o.lstrip("+~").startswith(("hydra.", "hydra/")) and
+                                         not o.startswith("hydra.searchpath=")) for o in overrides)
+
+
+def compose_job(name: str, overrides: list[str]):
+    """The job's config as Hydra's app hands it to the command, with the running job's HydraConfig (config
+    choices, overrides, run mode) set as Hydra's app sets it; a bad setting is one line."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import open_dict
+
+    cfg = _compose(name, overrides, hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.mode = RunMode.RUN
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def _compose(name: str, overrides: list[str], hydra_config: bool = False):
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    plain = [o for o in overrides if not o.startswith("-") and (not o.startswith("hydra") or
-                                                               o.startswith("hydra.searchpath="))]
     try:
-        with initialize_config_dir(config_dir=str(Path(conf_dir()).resolve()), version_base="1.3"):
-            compose(COMMANDS[name].config_name(name), overrides=plain)
+        with initialize_config_dir(config_dir=str(Path(conf_dir()).resolve()), version_base="1.3",
+                                   job_name=COMMANDS[name].config_name(name)):
+            return compose(COMMANDS[name].config_name(name), overrides=overrides, return_hydra_config=hydra_config)
     except (HydraException, OmegaConfBaseException) as e:
         first = next((line for line in str(e).splitlines() if line.strip()), type(e).__name__)
         raise KernelsightError(f"bad setting: {first.strip()}") from None
@@ -253,9 +285,8 @@ def exit_interrupted(name: str, exc: KeyboardInterrupt) -> None:
 
 
 def run_command(name: str, overrides: list[str]) -> None:
-    import hydra
-
     command = COMMANDS[name]
+    job = compose_job(name, overrides) if single_job(overrides) else None
     func = _load(command.target)
 
     def task(cfg):
@@ -271,6 +302,11 @@ def run_command(name: str, overrides: list[str]) -> None:
             sys.exit(2)
         except KeyboardInterrupt as e:
             exit_interrupted(name, e)
+
+    if job is not None:
+        task(job)
+        return
+    import hydra
 
     task.__name__ = command.config_name(name)
     main = hydra.main(config_path=str(Path(conf_dir()).resolve()), config_name=command.config_name(name),
@@ -288,7 +324,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         name, args = split_command(argv)
         overrides = check_group_overrides(to_overrides(COMMANDS[name], args))
-        if not any(o in ("-h", "--help", "--hydra-help") for o in overrides):
+        if not single_job(overrides) and not any(o in ("-h", "--help", "--hydra-help") for o in overrides):
             check_composes(name, overrides)
         run_command(name, overrides)
     except KernelsightError as e:

@@ -54,7 +54,7 @@ def validate(cfg) -> pd.DataFrame:
     store, total = RowStore(parts_dir(table)), len(v.rows) * len(tiers)
     with on_interrupt(lambda: f"{store.kept} of {total} rows kept in {store.folder}/; run the same command "
                               f"again to continue"):
-        df, scores = score(v, tiers, processes, progress_bars(cfg), store)
+        df, scores = score(v, tiers, processes, progress_bars(cfg), store, bool(cfg.intervals))
         if store.reused:
             print(f"reused {store.reused} of {total} rows simulated earlier with the same settings "
                   f"({store.folder}/)")
@@ -80,6 +80,10 @@ def _write_report(cfg, v: Validation, df: pd.DataFrame, rows: pd.DataFrame, tier
     context = report_context(v, df, tiers, scores, table, time.perf_counter() - start)
     write_text(report_path, rep.markdown_report(df, head, context, plots), "report")
     print(rep._md(head.assign(kind=head["kind"].map(rep.KINDS)).rename(columns=rep.METRIC_NAMES)))
+    covered = rep.interval_coverage(df)
+    if not covered.empty:
+        print("measured inside the simulated 80 % range: " + ", ".join(
+            f"{r.tier} {r.metric} {r._4:.0f} %" for r in covered.itertuples()))
     for (tier, _), s in zip(tiers, scores):
         for message in s.warnings:  # one line per family the bundle does not cover
             print(f"kernelsight validate: warning ({tier.name} tier): {message}", file=sys.stderr)

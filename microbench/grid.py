@@ -157,7 +157,7 @@ def measurement_seconds(shape: Shape, hw, timing, energy_seconds: float = 0.0, f
 
 def collective_seconds(shape: Shape, hw, reps: int, warmup: int) -> float:
     cols = shape.as_columns()
-    t = float(link_time(cols, shape.cost(), hw)[0]) * ASSUMED_ETA
+    t = float(link_time(shape.family.name, cols, shape.cost(), hw)[0]) * ASSUMED_ETA
     return SETUP_S + (reps + warmup) * max(t, HOST_PER_CALL_S)
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from .dtypes import BYTES
 from .families import REGISTRY, Family, get_family
 from .families import attention, gemm
-from .families.collectives import ALPHA_S
+from .families.collectives import link_path, link_terms, path_bandwidth
 from .roofline import _peaks, roofline_columns
 
 TIERS = ("target", "cross")
@@ -138,13 +138,20 @@ KERNEL_HW_FEATURES = (
 # -- collectives ---------------------------------------------------------------------
 
 def _alpha(x: FeatureInput) -> np.ndarray:
-    return np.asarray([ALPHA_S[v] for v in x.arrays["link"].tolist()], dtype=np.float64)
+    """The latency term of the bound: launch + hops of the algorithm the bound chose (collectives.link_terms)."""
+    cost = x.family.cost(x.arrays)
+    return link_terms(x.family.name, x.arrays, cost, x.hw)[0]
 
 
 def _link_bw(x: FeatureInput) -> np.ndarray:
-    links = x.arrays["link"].tolist()
-    bw = {v: x.hw.link_bw(v) for v in set(links)}
-    return np.asarray([bw[v] for v in links], dtype=np.float64)
+    """Bus bandwidth bound of the row's path at its world size (collectives.path_bandwidth)."""
+    links = np.asarray(x.arrays["link"]).reshape(-1)
+    n = np.asarray(x.arrays["world_size"], dtype=np.float64).reshape(-1) * np.ones(len(links))
+    out = np.empty(len(links))
+    for link in set(links.tolist()):
+        rows = links == link
+        out[rows] = path_bandwidth(link_path(link, x.hw), x.hw, n[rows])
+    return out
 
 
 def _optional_log2(value) -> float | None:
@@ -161,7 +168,7 @@ LINK_FEATURES = (
 )
 
 LINK_HW_FEATURES = (
-    Feature("hw_log2_link_gbs", "log2 bandwidth of the row's link in GB/s", lambda x: np.log2(_link_bw(x) / 1e9)),
+    Feature("hw_log2_link_gbs", "log2 bus bandwidth bound of the row's link path at its world size in GB/s", lambda x: np.log2(_link_bw(x) / 1e9)),
     Feature("hw_log2_nvlink_gbs", "log2 NVLink (scale-up) bandwidth per direction, NaN without",
             lambda x: _const(_optional_log2(x.hw.nvlink_gbs_per_dir), x)),
     Feature("hw_log2_pcie_gbs", "log2 PCIe bandwidth per direction, NaN for Grace-attached GPUs",

@@ -97,6 +97,10 @@ class Hardware:
     nvlink_gbs_per_dir: float | None  # scale-up link per GPU per direction; 0 = none (AMD: Infinity Fabric)
     pcie_gen: int | None
     pcie_gbs_per_dir: float | None  # host x16 link per direction; None for Grace-attached GPUs
+    # PCIe peer-to-peer between GPUs of one server: True (P2P DMA over PCIe switches), False (traffic staged
+    # through host memory across the host bridge, NCCL's SHM path), None (not known: priced as False, the path
+    # NCCL takes without P2P). Prices the 'pcie' collective path (families.collectives.link_path).
+    pcie_p2p: bool | None = None
     aliases: tuple[str, ...] = ()
     sources: str = ""
     derived: dict[str, str] = field(default_factory=dict, hash=False)  # field -> rule (see the class doc)
@@ -220,11 +224,12 @@ _RULES: dict[str, tuple[str, bool, tuple[float, float] | None]] = {
     "nvlink_gbs_per_dir": ("float", True, (0, 100000)),
     "pcie_gen": ("int", True, (1, 10)),
     "pcie_gbs_per_dir": ("float", True, (0.1, 10000)),
+    "pcie_p2p": ("bool", True, None),
     "aliases": ("aliases", True, None),
     "sources": ("str", True, None),
     "derived": ("derived", True, None),
 }
-_OPTIONAL = {"aliases", "sources", "derived"}
+_OPTIONAL = {"pcie_p2p", "aliases", "sources", "derived"}
 _DEPLOYMENT = ("net_gbs_per_gpu",)  # Hardware fields that no catalog entry holds
 assert tuple(_RULES) == tuple(f.name for f in fields(Hardware) if f.name not in _DEPLOYMENT), \
     "keep _RULES in dataclass order"
@@ -291,6 +296,10 @@ def _build(data: Any, source: str) -> Hardware:
                 _type_error(source, name, value, "a string")
             if name != "sources" and not value.strip():
                 raise _fail(source, name, "must not be empty")
+            values[name] = value
+        elif kind == "bool":
+            if not isinstance(value, bool):
+                _type_error(source, name, value, "true or false")
             values[name] = value
         elif kind in ("int", "float"):
             values[name] = _number(source, name, value, kind, bounds)

@@ -19,11 +19,12 @@ import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
-
-import pandas as pd
+from typing import TYPE_CHECKING, Iterator
 
 from kernelsight.predictor.errors import KernelsightError
+
+if TYPE_CHECKING:  # pandas is imported where a frame is read or built: a plain simulation needs none
+    import pandas as pd
 
 MARKER = "INCOMPLETE"
 TABLE_FORMATS = (".csv", ".parquet")
@@ -206,6 +207,8 @@ def _table_path(table, setting: str, create: bool = False) -> Path:
 def results_table(table, key_columns: tuple[str, ...], setting: str = "results_table") -> tuple[Path, pd.DataFrame]:
     """The CSV path of a results table and the rows it holds (none yet: empty), or one line saying why
     it is not ours to append to. Cheap, so a command can check its table before any long work."""
+    import pandas as pd
+
     table = _table_path(table, setting)
     twin = table.with_suffix(".parquet")
     if table.is_dir():
@@ -234,6 +237,8 @@ def append_row(table, row: dict, key_columns: tuple[str, ...], setting: str = "r
     are added, empty for old rows) under an exclusive lock, so concurrent jobs
     cannot lose each other's rows.
     """
+    import pandas as pd
+
     table = _table_path(table, setting, create=True)
     twin = table.with_suffix(".parquet")
     lock_path = table.parent / f".{table.stem}.lock"

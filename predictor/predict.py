@@ -21,18 +21,17 @@ Every prediction carries the tier and model that produced it, an
 outside the η the model was trained on) and an 80 % interval [p10, p90] from
 the bundle's held-out residual quantiles of the path that priced it (target
 model, cross-device model or die sibling; calibrate/intervals.py): never below
-the roofline, and for an extrapolated prediction the wider of its path's and
-the cross path's. A roofline-priced kernel has no interval (NaN). η >= 1
+the roofline, and for an extrapolated prediction the widest of its path's, its
+path's extrapolated group's and the cross path's. A roofline-priced kernel has no interval (NaN). η >= 1
 always. A family that no model in the bundle covers is priced at η = 1 with a
 warning, once per family.
 """
 from __future__ import annotations
 
 import warnings
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
-import pandas as pd
 
 from .bundle import Bundle, default_bundle_dir, load_bundle, shared_bundle
 from .errors import KernelsightError, did_you_mean
@@ -40,6 +39,9 @@ from .features import feature_matrix
 from .hardware import Hardware, load_hardware
 from .roofline import roofline_columns, roofline_frame
 from .transfer import ROOFLINE, cross_eta, die_siblings, take
+
+if TYPE_CHECKING:  # frames in and out only where a caller passes one: pricing columns imports no pandas
+    import pandas as pd
 
 TIERS = ("auto", "target", "cross", ROOFLINE)
 BANDS = (None, "p10", "p90")
@@ -51,6 +53,17 @@ def _quantiles(intervals: dict, path: str, family: str) -> tuple[float, float] |
     table = intervals.get(path) or {}
     q = table.get(family) or table.get("*")
     return (float(q["p10"]), float(q["p90"])) if q else None
+
+
+def interval_quantiles(intervals: dict, path: str, family: str, extrapolated: bool) -> tuple[float, float] | None:
+    """(q10, q90) of a prediction of `family` by `path` (None: no interval): an extrapolated one gets the widest
+    of its path's, its path's extrapolated group's ('<path> extrapolated') and the cross path's."""
+    own = _quantiles(intervals, path, family)
+    if own is None or not extrapolated:
+        return own
+    found = [q for q in (own, _quantiles(intervals, f"{path} extrapolated", family),
+                         _quantiles(intervals, "cross", family)) if q is not None]
+    return min(q[0] for q in found), max(q[1] for q in found)
 
 
 class Predictor:
@@ -133,7 +146,7 @@ class Predictor:
         other roofline terms, eta, seconds, tier, model, extrapolated), so callers pricing many small batches
         (the simulator) build no frame.
         """
-        if isinstance(shapes, pd.DataFrame):
+        if not isinstance(shapes, Mapping):  # a DataFrame (not a Mapping)
             if family is not None:
                 raise KernelsightError("predict(frame): the frame's 'family' column names the families; "
                                        "family= is for a mapping of one family's columns")
@@ -155,14 +168,13 @@ class Predictor:
         intervals = self.bundle.manifest.get("intervals") if self.bundle is not None else None
         if not intervals:
             return lo, hi
-        cross = _quantiles(intervals, "cross", family)
         for path in ("target", "cross", "sibling"):
-            q = _quantiles(intervals, path, family)
+            q, wide = (interval_quantiles(intervals, path, family, x) for x in (False, True))
             rows = res["path"] == path
             if q is None or not rows.any():
                 continue
-            q10 = np.where(res["extrapolated"][rows] & (cross is not None), min(q[0], (cross or q)[0]), q[0])
-            q90 = np.where(res["extrapolated"][rows] & (cross is not None), max(q[1], (cross or q)[1]), q[1])
+            q10 = np.where(res["extrapolated"][rows], wide[0], q[0])
+            q90 = np.where(res["extrapolated"][rows], wide[1], q[1])
             lo[rows] = np.maximum(seconds[rows] * np.exp(q10), np.asarray(t_roof, dtype=float)[rows])
             hi[rows] = np.maximum(seconds[rows] * np.exp(q90), lo[rows])
         return lo, hi
@@ -198,6 +210,16 @@ class Predictor:
     def _estimate(self, family: str, cols: Mapping, roof: Mapping) -> dict:
         """η, tier, model label and extrapolated flag for each kernel of one family."""
         n = len(roof["t_roof"])
+        if family == "gemm" and n and (np.asarray(cols["dtype"]) == "fp32").any():
+            # No sweep times fp32 GEMMs (cuBLAS SGEMM on CUDA cores, e.g. MiniMax-M2's fp32 router): the same
+            # shape's bf16 GEMM (cuBLAS as well) as predicted, plus the roofline time fp32 adds to it (twice the
+            # bytes, the CUDA-core rate), as the η of the fp32 roofline.
+            proxy = {**cols, "dtype": np.where(np.asarray(cols["dtype"]) == "fp32", "bf16", cols["dtype"])}
+            proxy_roof = roofline_columns(family, proxy, self.hw)
+            out = self._estimate(family, proxy, proxy_roof)
+            t, t16 = (np.asarray(r["t_roof"], dtype=np.float64) for r in (roof, proxy_roof))
+            out["eta"] = (out["eta"] * t16 + np.maximum(t - t16, 0.0)) / t
+            return out
         out = {"eta": np.ones(n), "tier": np.full(n, ROOFLINE, dtype=object),
                "model": np.full(n, ROOFLINE, dtype=object), "extrapolated": np.zeros(n, dtype=bool),
                "path": np.full(n, ROOFLINE, dtype=object)}

@@ -6,15 +6,17 @@ form of families/collectives.py instead. Works on one shape or whole frames.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
-import pandas as pd
 
 from .dtypes import canonical_dtype
 from .errors import KernelsightError
 from .families import Shape, get_family
 from .families.collectives import link_time
+
+if TYPE_CHECKING:  # pandas is imported where a frame is built: pricing columns needs none
+    import pandas as pd
 
 
 def wave_factor(blocks, num_sms: int) -> np.ndarray:
@@ -37,7 +39,7 @@ def roofline_columns(family: str, cols: Mapping, hw, index=None) -> dict:
     cost = fam.cost(cols, index=index)
     n = len(cost.flops)
     if fam.unit == "link":
-        t = link_time(cols, cost, hw)
+        t = link_time(fam.name, fam.with_defaults(cols), cost, hw)
         return {"flops": cost.flops, "bytes": cost.bytes, "blocks": cost.blocks,
                 "wave_factor": np.ones(n), "t_compute": np.zeros(n), "t_memory": t,
                 "t_roof": t, "bound": np.full(n, "link", dtype=object)}
@@ -64,6 +66,8 @@ def roofline_frame(df: pd.DataFrame, hw) -> pd.DataFrame:
 
     An empty frame gives an empty result (with or without its columns); a row without a family is
     refused by row, since grouping would silently leave it unpriced."""
+    import pandas as pd
+
     out = pd.DataFrame(index=df.index, columns=["flops", "bytes", "blocks", "wave_factor",
                                                 "t_compute", "t_memory", "t_roof", "bound"])
     out = out.astype({c: "float64" for c in out.columns if c != "bound"})

@@ -445,8 +445,7 @@ class Engine:
             usage = [kv.usage] * scheduled
         gpu = prices.gpu_s[:scheduled].tolist()
         if self.recorder is None:
-            for slot, computed in zip(block_slots, block_comp):
-                kv.append_block(reqs[slot], computed)
+            kv.append_blocks([reqs[slot] for slot in block_slots])   # free blocks for all: checked
         else:  # rows see each step's KV usage, as schedule() leaves it
             first = sched.num_steps
             b = 0

@@ -34,7 +34,18 @@ vLLM's, at one short KV-manager call per 16 decoded tokens.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from kernelsight.sim.request import Request
+
+
+@lru_cache(maxsize=4)
+def _fresh_links(num_blocks: int) -> tuple[list, list]:
+    """(next, prev) of a free queue holding every block in id order, built once per pool size: copying
+    them is several times faster than building them, which matters for the many short runs of a plan."""
+    head, tail = num_blocks, num_blocks + 1
+    return (list(range(1, num_blocks)) + [tail, 0, -1],      # blocks..., head -> 0, tail -> none
+            [head] + list(range(num_blocks - 1)) + [-1, num_blocks - 1])
 
 
 class KVCacheManager:
@@ -50,10 +61,9 @@ class KVCacheManager:
         self.ref_cnt = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         # Free queue: doubly linked list over block ids; head/tail sentinels at n, n + 1.
-        head, tail = num_blocks, num_blocks + 1
-        self._head, self._tail = head, tail
-        self._next = list(range(1, num_blocks)) + [tail, 0, -1]      # blocks..., head -> 0, tail -> none
-        self._prev = [head] + list(range(num_blocks - 1)) + [-1, num_blocks - 1]
+        self._head, self._tail = num_blocks, num_blocks + 1
+        links = _fresh_links(num_blocks)
+        self._next, self._prev = links[0].copy(), links[1].copy()
         self.num_free = num_blocks
         # hash -> a cached block with it; further blocks with the same hash (identical blocks
         # computed twice, which vLLM also keeps) wait in _dupes.
@@ -115,6 +125,7 @@ class KVCacheManager:
         self._prev[b] = head
         self.num_free -= count
         block_hash, cached, dupes = self.block_hash, self._cached, self._dupes
+        evicted = 0
         for b in out:
             h = block_hash[b]
             if h is not None:
@@ -123,7 +134,8 @@ class KVCacheManager:
                     self._uncache(h, b)
                 else:   # the only block with this hash
                     del cached[h]
-                self.evictions += 1
+                evicted += 1
+        self.evictions += evicted
         return out
 
     def free_order(self) -> list[int]:
@@ -232,6 +244,21 @@ class KVCacheManager:
         request.fast_limit = len(blocks) * self.block_size + 1
         return True
 
+    def append_blocks(self, requests: list[Request]) -> bool:
+        """append_block for each of `requests` in order, each decoding a token that starts a new block (a
+        request may come again for its next block): the same blocks and evictions as one call each, from one
+        pop of the free queue. False, changing nothing, when fewer blocks are free (the caller then goes one
+        by one, preempting where vLLM would)."""
+        if len(requests) > self.num_free:
+            return False
+        ref, bs = self.ref_cnt, self.block_size
+        for req, b in zip(requests, self._pop_free_blocks(len(requests))):
+            ref[b] = 1
+            blocks = req.block_ids
+            blocks.append(b)
+            req.fast_limit = len(blocks) * bs + 1
+        return True
+
     def _cache_full_blocks(self, request: Request, num_full: int) -> None:
         blocks = request.block_ids
         hashes = request.block_hashes(num_full, self.block_size)
@@ -241,10 +268,8 @@ class KVCacheManager:
             h = hashes[i]
             b = blocks[i]
             block_hash[b] = h
-            if h in cached:
+            if cached.setdefault(h, b) != b:   # b had no hash, so the index cannot hold it already
                 self._dupes.setdefault(h, []).append(b)
-            else:
-                cached[h] = b
         request.num_cached_blocks = num_full
 
     def free(self, request: Request, num_cacheable: int = 0) -> None:

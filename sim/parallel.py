@@ -34,6 +34,7 @@ from kernelsight.predictor.hardware import NET_GBS_PER_GPU
 from .model import SIXTEEN_BIT, ModelConfig
 from .schema import Spec, check, load_config
 
+FP8_BLOCK = 128  # block-FP8 weights: one scale per 128 x 128 block (vLLM's weight_block_size)
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE for VocabParallelEmbedding / ParallelLMHead
 
 
@@ -151,6 +152,10 @@ def shard(model: ModelConfig, par: ParallelConfig) -> Shard:
         if model.moe.intermediate % par.moe_tp:
             fail(f"moe_tp={par.moe_tp} (tp x attention_dp / ep) does not divide the expert width "
                  f"{model.moe.intermediate}")
+        width = model.moe.intermediate // par.moe_tp
+        if model.weight_format("experts") == "fp8_block" and width % FP8_BLOCK:
+            fail(f"moe_tp={par.moe_tp} cuts each block-FP8 expert to {width} columns, not whole {FP8_BLOCK}-wide "
+                 f"scale blocks: vLLM refuses this layout; split the experts instead (ep={par.moe_group})")
         if model.moe.shared_intermediate % tp:
             fail(f"tp={tp} does not divide the shared-expert width {model.moe.shared_intermediate}")
         experts, moe_width = model.moe.experts // par.ep, model.moe.intermediate // par.moe_tp

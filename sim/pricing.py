@@ -61,6 +61,7 @@ PREFIX_POINTS_PER_OCTAVE = 8
 FLAT_KV_LIMIT = 1 << 24  # flat masked attention: KV tokens of a whole batch tabulated up to this (exact beyond)
 US = 1e-6
 TOKEN_BLOCK = 512  # token counts of the token-wise table priced per predictor call
+PREFILL_BLOCK = 16  # new-token rows of a prefill-attention table priced per predictor call
 
 
 @dataclass(frozen=True)
@@ -147,8 +148,9 @@ class StepPricer:
         self._decode_j = [dict() for _ in self.kinds]  # the same in joules
         self._new_grid = _tile_grid(self.max_tokens, Q_TILE)
         self._prefix_grid = [0, *_geometric_grid(2 * model.max_position, PREFIX_POINTS_PER_OCTAVE)]
-        self._prefill = [None] * len(self.kinds)  # per kind: new x prefix table (one launch), built on use
-        self._prefill_j = [None] * len(self.kinds)  # the same in joules
+        # per kind: new x prefix table (one launch), its rows priced in blocks of PREFILL_BLOCK on use
+        self._prefill = [[None] * len(self._new_grid) for _ in self.kinds]
+        self._prefill_j = [[None] * len(self._new_grid) for _ in self.kinds]  # the same in joules
         self.flat = engine.attention.layout == "flat_masked"
         self._flat_grid = _geometric_grid(FLAT_KV_LIMIT, DECODE_POINTS_PER_OCTAVE)
         self._flat: dict[int, tuple] = {}  # query tokens -> KV grid and step seconds, built on use
@@ -469,21 +471,30 @@ class StepPricer:
         news, prefixes = self._new_grid, self._prefix_grid
         if new > news[-1] or cached > prefixes[-1]:
             return self._exact(self._prefill_call(kind, [new], [cached]), joules)
-        table = (self._prefill_j if joules else self._prefill)[kind]
-        if table is None:
-            new_axis = np.repeat(news, len(prefixes))
-            cached_axis = np.tile(prefixes, len(news))
-            call = self._prefill_call(kind, new_axis, cached_axis)
-            seconds, energy = self._price_j([call])[0]
-            self._prefill[kind] = seconds.reshape(len(news), len(prefixes)).tolist()
-            self._prefill_j[kind] = energy.reshape(len(news), len(prefixes)).tolist()
-            table = (self._prefill_j if joules else self._prefill)[kind]
         i, wi = _bracket(news, new)
         j, wj = _bracket(prefixes, cached)
+        table = (self._prefill_j if joules else self._prefill)[kind]
+        if table[i] is None or table[i + 1] is None:
+            for r in (i, i + 1):
+                self._prefill_block(kind, r)
         row0, row1 = table[i], table[i + 1]
         low = row0[j] + (row0[j + 1] - row0[j]) * wj
         high = row1[j] + (row1[j + 1] - row1[j]) * wj
         return low + (high - low) * wi
+
+    def _prefill_block(self, kind: int, row: int) -> None:
+        """Price the block of PREFILL_BLOCK new-token rows of the kind's prefill table that holds `row` (all
+        prefixes; seconds and joules), unless done: a run touches few prompt sizes, and every row is priced
+        on its own, so a block equals that part of the whole table."""
+        if self._prefill[kind][row] is not None:
+            return
+        news, prefixes = self._new_grid, self._prefix_grid
+        start = row // PREFILL_BLOCK * PREFILL_BLOCK
+        stop = min(start + PREFILL_BLOCK, len(news))
+        call = self._prefill_call(kind, np.repeat(news[start:stop], len(prefixes)), np.tile(prefixes, stop - start))
+        seconds, energy = self._price_j([call])[0]
+        self._prefill[kind][start:stop] = seconds.reshape(stop - start, len(prefixes)).tolist()
+        self._prefill_j[kind][start:stop] = energy.reshape(stop - start, len(prefixes)).tolist()
 
     # -- predictor calls ---------------------------------------------------------------------
     def _price(self, calls: list[KernelCall]) -> list[np.ndarray]:

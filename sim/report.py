@@ -205,17 +205,23 @@ class BreakdownAccumulator:
         if len(self.sample) >= 2 * self.sample_steps:
             self.sample, self._stride = self.sample[::2], 2 * self._stride
 
+    def rows(self) -> list[dict]:
+        """Per family, largest total first: 'family', seconds per step kind, 'total_s' and 'share' of all GPU
+        time; plain values, so the printed summary imports no pandas (table() is the same as a frame)."""
+        rows = [{"family": f, **{kind: self.family[kind].get(f, 0.0) for kind in STEP_KINDS}}
+                for f in sorted({f for kind in STEP_KINDS for f in self.family[kind]})]
+        for r in rows:
+            r["total_s"] = sum(r[kind] for kind in STEP_KINDS)
+        grand = sum(r["total_s"] for r in rows)
+        for r in rows:
+            r["share"] = r["total_s"] / grand if grand else 0.0
+        return sorted(rows, key=lambda r: -r["total_s"])
+
     def table(self):
-        """DataFrame: family x step kind seconds, total and share of all GPU time."""
+        """DataFrame: family x step kind seconds, total and share of all GPU time (rows())."""
         import pandas as pd
 
-        families = sorted({f for kind in STEP_KINDS for f in self.family[kind]})
-        df = pd.DataFrame({kind: [self.family[kind].get(f, 0.0) for f in families] for kind in STEP_KINDS},
-                          index=pd.Index(families, name="family"))
-        df["total_s"] = df.sum(axis=1)
-        grand = df["total_s"].sum()
-        df["share"] = df["total_s"] / grand if grand else 0.0
-        return df.sort_values("total_s", ascending=False)
+        return pd.DataFrame(self.rows(), columns=["family", *STEP_KINDS, "total_s", "share"]).set_index("family")
 
 
 def write_breakdown(acc: BreakdownAccumulator, path: Path) -> None:
@@ -371,12 +377,12 @@ def format_summary(summary: dict, title: str, acc: BreakdownAccumulator | None =
     row("Engine steps:", "num_steps")
     row("GPU busy:", "gpu_busy_fraction", pct)
     if acc is not None:
-        df = acc.table()
-        if len(df):
+        families = acc.rows()
+        if families:
             section("GPU time by kernel family")
             lines.append(f"{'family':<16}{'share':>8}{'prefill':>9}{'decode':>9}{'mixed':>9}  (steps, s)")
-            for family, r in df.head(10).iterrows():
-                lines.append(f"{family:<16}{100 * r['share']:>7.1f}%{r['prefill']:>9.2f}{r['decode']:>9.2f}"
+            for r in families[:10]:
+                lines.append(f"{r['family']:<16}{100 * r['share']:>7.1f}%{r['prefill']:>9.2f}{r['decode']:>9.2f}"
                              f"{r['mixed']:>9.2f}")
     if not math.isnan(summary.get("energy_j", float("nan"))):
         section("Energy")

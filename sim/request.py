@@ -29,7 +29,7 @@ class Request:
 
     __slots__ = (
         "request_id", "arrival_time", "prompt_len", "output_len", "segments", "status", "slot",
-        "num_output_tokens", "block_ids", "num_cached_blocks", "fast_limit", "_hashes", "_seg_ends",
+        "num_output_tokens", "block_ids", "num_cached_blocks", "fast_limit", "_hashes",
         "num_cached_tokens", "num_preemptions", "replica", "followup",
         "first_scheduled_time", "first_token_time", "last_token_time", "finish_time",
         "queued_since", "queue_time",
@@ -46,13 +46,9 @@ class Request:
         self.output_len = output_len
         # Prompt content; a prompt without declared segments is unique text.
         self.segments = segments or (((UNIQUE, request_id), prompt_len),)
-        ends, pos = [], 0
-        for _, length in self.segments:
-            pos += length
-            ends.append(pos)
+        pos = sum(length for _, length in self.segments)
         if pos != prompt_len:
             raise ValueError(f"request {request_id}: segments cover {pos} tokens, prompt has {prompt_len}")
-        self._seg_ends = ends
         self.status = WAITING
         self.slot = -1
         self.num_output_tokens = 0
@@ -77,44 +73,40 @@ class Request:
         return (OUTPUT, self.request_id)
 
     def block_hash(self, index: int, block_size: int) -> int:
-        """Hash of full block `index`, chained on the previous block's hash (vLLM's scheme).
-
-        Only valid for blocks whose tokens are all known (prompt and outputs returned so far).
-        """
+        """Hash of full block `index` (see block_hashes). Only valid for blocks whose tokens are all known
+        (prompt and outputs returned so far). The first call hashes every full prompt block at once: an
+        admitted request needs them all, and one pass over the segments is cheaper than one per block."""
         hashes = self._hashes
-        return hashes[index] if index < len(hashes) else self.block_hashes(index + 1, block_size)[index]
+        if index < len(hashes):
+            return hashes[index]
+        return self.block_hashes(max(index + 1, self.prompt_len // block_size), block_size)[index]
 
     def block_hashes(self, count: int, block_size: int) -> list[int]:
-        """Hashes of the first `count` full blocks (computed once, then kept)."""
+        """Hashes of the first `count` full blocks (computed once, then kept).
+
+        A block's tokens [0, end) are named by the segments before the one holding token end - 1 (chained:
+        parent = hash((parent, content, length)) per segment), that segment's content and the block's end
+        offset in it; the request's generated tokens are one last segment. Equal hashes therefore mean the
+        same tokens from position 0, which is what vLLM's chained block hashes guarantee, at one small tuple
+        hash per block."""
         hashes = self._hashes
         j = len(hashes)
         if j >= count:
             return hashes
-        parent = hashes[-1] if j else 0
-        pieces = self._block_pieces
-        while j < count:
-            start = j * block_size
-            parent = hash((parent, pieces(start, start + block_size)))
-            hashes.append(parent)
-            j += 1
-        return hashes
-
-    def _block_pieces(self, start: int, end: int) -> tuple:
-        """The (content_id, first, last) runs that tokens [start, end) consist of."""
-        p = self.prompt_len
-        if start >= p:   # a block of generated tokens only
-            return (((OUTPUT, self.request_id), start - p, end - p),)
-        pieces = []
-        seg_start = 0
-        for (content, _), seg_end in zip(self.segments, self._seg_ends):
-            if seg_end > start and seg_start < end:
-                pieces.append((content, max(start, seg_start) - seg_start, min(end, seg_end) - seg_start))
-            if seg_end >= end:
-                return tuple(pieces)
+        last = count * block_size
+        parent, seg_start = 0, 0
+        for content, length in (*self.segments, (self.output_content, last)):
+            seg_end = seg_start + length
+            if (j + 1) * block_size <= seg_end:   # blocks ending in this segment
+                hashes.extend([hash((parent, content, e)) for e in range((j + 1) * block_size - seg_start,
+                                                                         min(seg_end, last) - seg_start + 1,
+                                                                         block_size)])
+                j = len(hashes)
+                if j >= count:
+                    return hashes
+            parent = hash((parent, content, length))
             seg_start = seg_end
-        # The block runs into generated tokens (decode blocks, or a resumed request's outputs).
-        pieces.append((self.output_content, max(start, seg_start) - seg_start, end - seg_start))
-        return tuple(pieces)
+        return hashes
 
     def __repr__(self) -> str:
         return f"Request({self.request_id}, prompt={self.prompt_len}, output={self.output_len}, status={self.status})"

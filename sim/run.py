@@ -23,8 +23,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from kernelsight.predictor.errors import KernelsightError, check_seed, whole_number
 from kernelsight.predictor.hardware import Hardware
@@ -42,6 +41,9 @@ from .pricing import StepPricer, implausible_families
 from .report import REQUEST_COLUMNS, BreakdownAccumulator, Recorder, request_row
 from .scheduler import SchedulerConfig
 from .workload import Workload, WorkloadConfig
+
+if TYPE_CHECKING:  # pandas is imported where a frame is built: a run needs none
+    import pandas as pd
 
 SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
 # Summary metrics given a range by simulate(intervals=True).
@@ -88,11 +90,12 @@ class Setup:
 def build_setup(model: ModelConfig, hardware: Hardware, engine: EngineProfile, parallel: ParallelConfig,
                 workload: WorkloadConfig, *, tier: str = "auto", bundle=None,
                 max_model_len: int | None = None, allow_long_max_model_len: bool = False, energy=None,
-                band: str | None = None) -> Setup:
+                band: str | None = None, predictor=None) -> Setup:
     """A validated Setup: the GPU on the layout's network, KV blocks, pricer over the predictor's `tier`
     and `bundle` (None: the shipped one) and the power model `energy` (None: the shipped one, a JSON path,
     False: no energy); band: price every kernel at that end of its 80 % interval ('p10', 'p90'; None: the
-    central value). max_model_len None is the model's context length (vLLM's rule,
+    central value); predictor: a Predictor of this GPU to price with instead (tier, bundle and band are then
+    its own; setups on one GPU may share one). max_model_len None is the model's context length (vLLM's rule,
     context.resolve_max_model_len). Any problem is one KernelsightError line."""
     hw = hardware.on_network(parallel.net_gbs_per_gpu)
     blocks = kv_cache_blocks(model, hw, engine, parallel)  # refuses layouts that do not fit
@@ -100,8 +103,9 @@ def build_setup(model: ModelConfig, hardware: Hardware, engine: EngineProfile, p
         raise KernelsightError(f"model {model.name} on {hw.key}: only {blocks} KV block fits; "
                                f"nothing is left beside vLLM's null block")
     sched = SchedulerConfig.from_engine(engine)
-    pricer = StepPricer(model, hw, engine, parallel, Predictor(hw, tier=tier, bundle=bundle, band=band),
-                        power=kernel_power(hw, energy))
+    if predictor is None:
+        predictor = Predictor(hw, tier=tier, bundle=bundle, band=band)
+    pricer = StepPricer(model, hw, engine, parallel, predictor, power=kernel_power(hw, energy))
     max_len = resolve_max_model_len(model, max_model_len, allow_long_max_model_len)
     if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < max_len:
         raise KernelsightError(f"without chunked prefill a whole prompt must fit one step: "
@@ -169,6 +173,8 @@ class SimulationResult:
     def requests(self) -> pd.DataFrame | None:
         """One row per finished request (requests.parquet's columns): kept in memory with
         keep_requests=True, read back from out_dir otherwise; None when neither."""
+        import pandas as pd
+
         if self.request_rows is not None:
             return pd.DataFrame(self.request_rows, columns=list(REQUEST_COLUMNS))
         if self.out_dir is not None:

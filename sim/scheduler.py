@@ -299,7 +299,14 @@ class Scheduler:
         if slow:
             comp_l, known_l, n_l, target_l = comp.tolist(), known.tolist(), n.tolist(), target.tolist()
             limits, chunks = [], []
-            for i in slow:
+            # Only decodes that start a new block, and blocks for all of them: the loop below in one KV call.
+            bs = kv.block_size
+            batched = all(n_l[i] == 1 and comp_l[i] >= running[i].prompt_len and
+                          comp_l[i] >= len(running[i].block_ids) * bs for i in slow) and \
+                kv.append_blocks([running[i] for i in slow])
+            if batched:
+                limits = [running[i].fast_limit for i in slow]
+            for i in () if batched else slow:
                 if i >= len(running):
                     break       # preempted as a victim of an earlier request
                 req = running[i]

@@ -15,17 +15,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.families import get_family
 from kernelsight.predictor.hardware import Hardware, load_hardware
 from kernelsight.predictor.outputs import write_table
 from kernelsight.predictor.paths import data_dir, reference_data
-from kernelsight.predictor.sweep import read_sweep
 from kernelsight.predictor.transfer import die_siblings
+
+if TYPE_CHECKING:  # pandas is imported where a frame is read or built: a plain simulation needs none
+    import pandas as pd
 
 PROVIDER = "vllm.custom_ar"
 _COLUMNS = ["provider", "status", "cuda_graph", "link", "msg_bytes", "world_size", "dtype", "device",
@@ -40,6 +42,8 @@ def shipped_rows_path():
 
 def measured_rows(folder) -> pd.DataFrame:
     """The CUDA-graph `vllm.custom_ar` rows over NVLink of a sweep folder, in the shipped columns."""
+    from kernelsight.predictor.sweep import read_sweep
+
     df = read_sweep(folder, columns=_COLUMNS, filters=[("provider", "=", PROVIDER)])
     df = df[(df["status"] == "ok") & df["cuda_graph"].fillna(False).astype(bool)
             & (df["link"] == "nvlink") & (df["latency_ms"] > 0) & (df["msg_bytes"] > 0)]
@@ -58,6 +62,8 @@ def write_shipped_rows(folder=None) -> None:
 def vllm_allreduce_rows(path=None) -> pd.DataFrame:
     """CUDA-graph `vllm.custom_ar` rows over NVLink with their bus bytes, link bandwidth and seconds: from a
     sweep folder, or (None) the rows the package ships."""
+    import pandas as pd
+
     df = measured_rows(path) if path is not None else pd.read_csv(shipped_rows_path())
     bw = {d: load_hardware(d).nvlink_gbs_per_dir or 0.0 for d in df["device"].unique()}
     df = df[df["device"].map(bw) > 0].copy()

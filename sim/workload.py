@@ -35,14 +35,16 @@ import json
 import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 import numpy as np
-import pandas as pd
 
 from kernelsight.predictor.errors import KernelsightError, check_seed, did_you_mean, whole_number
 from kernelsight.predictor.paths import data_dir
 from kernelsight.sim.request import OUTPUT, SHARED_PREFIX, TRACE_HASH, UNIQUE, Request
+
+if TYPE_CHECKING:  # pandas is imported where a trace is read: a synthetic workload needs none
+    import pandas as pd
 
 ARRIVALS = ("poisson", "gamma", "trace")
 DISTS = ("fixed", "uniform", "lognormal", "empirical")
@@ -277,6 +279,8 @@ def load_trace(path: Path, need_arrivals: bool = True) -> pd.DataFrame:
     optionally prefix_group with prefix_len, or hash_ids (one id per
     hash_block_size tokens, as in Mooncake traces).
     """
+    import pandas as pd
+
     path = Path(path)
     if path.suffix == ".csv":
         try:
@@ -399,6 +403,8 @@ class Workload:
                                             hint="null replays a whole trace; this workload draws requests"), seed)
 
     def _replay(self, num_requests: int | None) -> Iterator[Request]:
+        import pandas as pd
+
         df = self.trace if not num_requests else self.trace.iloc[:num_requests]
         scale = self.config.time_scale
         t0 = float(df["arrival_time"].iloc[0])

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 
+from kernelsight.predictor.families.collectives import ALPHA_HOP_S, ALPHA_LAUNCH_S
 from kernelsight.predictor.features import describe, feature_matrix, feature_names
 from kernelsight.predictor.hardware import load_hardware
 
@@ -86,9 +87,10 @@ def test_collective_features_by_hand():
     f = _row("allreduce", "cross", msg_bytes=2**30, world_size=8, link="nvlink", dtype="bf16")
     bus = 2**30 * 2 * 7 / 8
     assert f["log2_bus_bytes"] == pytest.approx(math.log2(bus))
-    t = 2e-6 + bus / 450e9
+    alpha = ALPHA_LAUNCH_S["nvswitch"] + 2 * 7 * ALPHA_HOP_S["nvswitch"]  # ring: 2 (n - 1) hops
+    t = alpha + bus / 450e9
     assert f["log2_t_roof_us"] == pytest.approx(math.log2(t * 1e6))
-    assert f["bandwidth_share"] == pytest.approx(1 - 2e-6 / t)
+    assert f["bandwidth_share"] == pytest.approx(1 - alpha / t)
     assert f["hw_log2_link_gbs"] == pytest.approx(math.log2(450))
     assert f["hw_log2_pcie_gbs"] == pytest.approx(6.0)
 

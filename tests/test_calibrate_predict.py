@@ -33,9 +33,22 @@ def test_auto_sends_variants_the_target_sweep_never_held_to_cross():
     cols = {**GEMM, "dtype": np.array(["bf16", "fp8", "nvfp4"], dtype=object)}
     res = Predictor("b200_sxm").predict(cols, family="gemm")  # B200 sweep: bf16, fp8 and nvfp4
     assert list(res["tier"]) == ["target"] * 3
-    fp32 = {**GEMM, "dtype": np.array(["bf16", "fp8", "fp32"], dtype=object)}
-    res = Predictor("h100_sxm").predict(fp32, family="gemm")
-    assert list(res["tier"]) == ["target", "target", "cross"]  # H100's GEMM sweep has no fp32
+    tf32 = {**GEMM, "dtype": np.array(["bf16", "fp8", "tf32"], dtype=object)}
+    res = Predictor("h100_sxm").predict(tf32, family="gemm")
+    assert list(res["tier"]) == ["target", "target", "cross"]  # H100's GEMM sweep has no tf32
+
+
+def test_fp32_gemm_is_the_bf16_gemm_plus_the_roofline_time_fp32_adds():
+    """No sweep times fp32 GEMMs (MiniMax-M2's router): the bf16 GEMM of the shape as predicted, plus the
+    difference of the two rooflines (twice the bytes, the CUDA-core rate), never an η extrapolated to fp32."""
+    p = Predictor("h200_sxm")
+    shapes = {k: np.concatenate([v, v]) for k, v in GEMM.items() if k != "dtype"}
+    res = p.predict({**shapes, "dtype": np.array(["fp32"] * 3 + ["bf16"] * 3, dtype=object)}, family="gemm")
+    fp32, bf16 = slice(0, 3), slice(3, 6)
+    assert list(res["model"][fp32]) == list(res["model"][bf16]) == ["target/h200_sxm/gemm"] * 3
+    extra = res["t_roof"][fp32] - res["t_roof"][bf16]
+    assert (extra > 0).all()
+    np.testing.assert_allclose(res["seconds"][fp32], res["seconds"][bf16] + extra, rtol=1e-9)
 
 
 def test_explicit_tiers_and_their_errors():

@@ -7,7 +7,7 @@ import pytest
 
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.families import COLLECTIVES, REGISTRY, SHAPE_COLUMNS, get_family, make_shape
-from kernelsight.predictor.families.collectives import algbw, busbw, busbw_factor
+from kernelsight.predictor.families.collectives import ALPHA_HOP_S, ALPHA_LAUNCH_S, algbw, busbw, busbw_factor
 from kernelsight.predictor.hardware import load_hardware
 from kernelsight.predictor.roofline import roofline_frame, roofline_shape, wave_factor
 
@@ -181,7 +181,8 @@ def test_collectives_follow_nccl_tests_conventions():
     assert s.bytes == pytest.approx((1 << 30) * 1.75)
     r = roofline_shape(s, H100)
     assert r["bound"] == "link"
-    assert r["t_roof"] == pytest.approx(2e-6 + (1 << 30) * 1.75 / 450e9)
+    ring_alpha = ALPHA_LAUNCH_S["nvswitch"] + 2 * 7 * ALPHA_HOP_S["nvswitch"]  # a 1 GiB all-reduce runs a ring
+    assert r["t_roof"] == pytest.approx(ring_alpha + (1 << 30) * 1.75 / 450e9)
     pcie = roofline_shape(make_shape("allreduce", msg_bytes=1 << 30, world_size=8, link="pcie"), H100)
     assert pcie["t_roof"] > r["t_roof"]
 

@@ -302,3 +302,41 @@ def test_bench_interrupted_resumes_without_duplicates(sig, tmp_path, monkeypatch
         plan = commands.plan(compose(config_name="bench", overrides=settings), torch.device("cpu"))
     planned = {row_key({**i.shape.row(), "provider": i.provider.name, "timing": "cold"}) for i in plan.items}
     assert set(keys) == planned, "the resumed sweep does not hold the planned shapes"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# plan: an interrupted search keeps its finished candidates and the resumed run simulates only the rest
+
+PLAN = ["plan", "model=llama3.1-8b", "model.layers=4", "gpus=[h100_sxm,h200_sxm]", "search.tp=[1,2,4]",
+        "search.max_num_seqs=[256]", "search.max_num_batched_tokens=[2048]", "search.kv_cache_dtype=[auto]",
+        "search.num_requests=100", "workload.request_rate=4", "slo.ttft_ms=200", "slo.tpot_ms=5", "intervals=0",
+        "jobs=2", "output_dir=out"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_plan_interrupted_resumes_with_the_same_answer(sig, tmp_path, run_cli):
+    """Each candidate here is alone on its GPU and layout, so a resumed search starts where the whole one
+    would and the two tables must match."""
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    code, _, err = run_cli(PLAN, cwd=whole)
+    assert code == 0, err
+    expected = pd.read_parquet(whole / "out" / "candidates.parquet").drop(columns=["wall_s"])
+
+    work = tmp_path / "work"
+    work.mkdir()
+    partial = work / "out" / "partial.jsonl"
+    child = Child(PLAN, work, tmp_path / "logs")
+    first = child.wait_for(lambda: partial.is_file() and len(partial.read_text().splitlines()) >= 2)
+    sent = first and child.signal_after(sig, 0.0)
+    rc, _, err = child.finish()
+    completed = check_exit(sig, sent, rc, err)
+    if not completed:
+        if sig == signal.SIGINT:
+            assert "resume=true" in err and " of 6 candidates kept" in err, err
+        code, out, err = run_cli([*PLAN, "resume=true"], cwd=work)
+        assert code == 0, err
+        assert re.search(r"\d+ kept from", out), out
+    got = pd.read_parquet(work / "out" / "candidates.parquet").drop(columns=["wall_s"])
+    pd.testing.assert_frame_equal(got, expected)
+    assert not partial.exists()

@@ -4,8 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kernelsight.calibrate.intervals import MIN_ROWS, coverage, fit_intervals, residual_frame
-from kernelsight.predictor.predict import Predictor
+from kernelsight.calibrate.intervals import MIN_ROWS, coverage, fit_intervals, quantiles, residual_frame
+from kernelsight.predictor.predict import Predictor, interval_quantiles
 
 
 def scored(rng, n=400, spread=0.2, shift=0.0):
@@ -18,9 +18,11 @@ def scored(rng, n=400, spread=0.2, shift=0.0):
             rows.append(pd.DataFrame({"tier": tier, "split": split, "family": "gemm",
                                       "device": split.split()[-1] if tier == "cross" else "h100_sxm",
                                       "fold": int(split.split()[-1]) if tier == "target" else -1,
-                                      "sibling": False, "pred_lightgbm": pred, "latency_ms": pred * np.exp(r)}))
+                                      "sibling": False, "pred_lightgbm": pred, "pred_lightgbm_no_sibling": pred,
+                                      "latency_ms": pred * np.exp(r)}))
     extra = pd.DataFrame({"tier": "cross", "split": "gb200 holdout", "family": "gemm", "device": "gb200", "fold": -1,
-                          "sibling": False, "pred_lightgbm": 1.0, "latency_ms": [100.0]})  # not a LODO row
+                          "sibling": False, "pred_lightgbm": 1.0, "pred_lightgbm_no_sibling": 1.0,
+                          "latency_ms": [100.0]})  # not a LODO row
     return pd.concat([*rows, extra], ignore_index=True)
 
 
@@ -38,12 +40,52 @@ def test_quantiles_per_path_and_held_out_coverage_near_80_percent():
 
 def test_a_biased_unit_is_caught_by_cross_fitted_coverage():
     """Coverage is measured on rows the interval never saw: a GPU the others do not predict falls outside."""
-    rng = np.random.default_rng(1)
-    frame = scored(rng)
-    shifted = frame["split"] == "lodo c"
-    frame.loc[shifted, "latency_ms"] *= 3.0
+    frame = scored(np.random.default_rng(1))
+    unbiased = coverage(residual_frame(frame)).set_index("path").loc["cross", "coverage_pct"]
+    frame.loc[frame["split"] == "lodo c", "latency_ms"] *= 3.0
     cov = coverage(residual_frame(frame)).set_index("path")
-    assert cov.loc["cross", "coverage_pct"] < 65
+    assert cov.loc["cross", "coverage_pct"] < unbiased - 10
+
+
+def test_cross_residuals_are_the_cross_model_alone_on_every_held_out_gpu():
+    """Rows a die sibling priced give a sibling residual and, from the cross model's own prediction, a cross
+    one; rows priced at the roofline by rule (network collectives) give none."""
+    frame = scored(np.random.default_rng(3))
+    lodo = frame["split"].str.startswith("lodo ")
+    frame["at_roofline"] = False
+    frame.loc[lodo & (frame["device"] == "a"), "sibling"] = True
+    frame.loc[lodo & (frame["device"] == "a"), "pred_lightgbm_no_sibling"] *= 2.0
+    frame.loc[lodo & (frame["device"] == "b"), "at_roofline"] = True
+    res = residual_frame(frame)
+    assert sorted(res.loc[res["path"] == "cross", "device"].unique()) == ["a", "c"]
+    assert list(res.loc[res["path"] == "sibling", "device"].unique()) == ["a"]
+    a = (res["path"] == "cross") & (res["device"] == "a")
+    sib = res["path"] == "sibling"
+    assert res.loc[a, "residual"].to_numpy() == pytest.approx(res.loc[sib, "residual"].to_numpy() - np.log(2.0))
+
+
+def test_gpu_biases_widen_the_cross_interval_beyond_the_pooled_quantiles():
+    """Errors that are a bias per GPU: the interval for a new GPU covers the biases' spread, widened for few GPUs."""
+    rng = np.random.default_rng(4)
+    biases = {"a": -0.3, "b": 0.0, "c": 0.3}
+    r = np.concatenate([rng.normal(b, 0.02, 500) for b in biases.values()])
+    devices = np.repeat(list(biases), 500)
+    lo, hi = quantiles(r, devices)
+    plain_lo, plain_hi = quantiles(r)
+    assert hi - lo > plain_hi - plain_lo
+    assert hi > 0.3 * np.sqrt(2) and lo < -0.3 * np.sqrt(2)  # K = 3: spread x sqrt((K + 1) / (K - 1))
+
+
+def test_extrapolated_rows_get_their_own_wider_group():
+    res = residual_frame(scored(np.random.default_rng(5)))
+    res["extrapolated"] = np.arange(len(res)) % 2 == 0
+    res.loc[res["extrapolated"], "residual"] *= 3.0
+    fitted = fit_intervals(res)
+    plain, wide = fitted["target"]["gemm"], fitted["target extrapolated"]["gemm"]
+    assert wide["p90"] - wide["p10"] > 1.3 * (plain["p90"] - plain["p10"])  # plain: every row of the path
+    q = interval_quantiles(fitted, "target", "gemm", True)
+    assert q[0] <= min(wide["p10"], fitted["cross"]["gemm"]["p10"]) and q[1] >= fitted["cross"]["gemm"]["p90"]
+    assert interval_quantiles(fitted, "target", "gemm", False) == (plain["p10"], plain["p90"])
 
 
 def test_small_groups_use_the_pooled_quantiles():

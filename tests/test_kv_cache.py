@@ -161,3 +161,26 @@ def test_random_operations_conserve_blocks():
                 live.append((r, r.prompt_len))
         kv.check_invariants()
         assert kv.num_used + kv.num_free == kv.num_blocks
+
+
+def test_append_blocks_takes_and_evicts_what_one_append_block_per_request_would():
+    """The batched call (a step's decodes, a fast-forwarded run) equals append_block request by request:
+    the same block ids from the free queue's head, the same evictions; too few free blocks change nothing."""
+    def state():
+        kv = KVCacheManager(7, BS)
+        old = req(9, [((UNIQUE, 9), 16)])
+        admit(kv, old)
+        kv.free(old, 16)                  # 4 cached free blocks, at the head once a and b are admitted
+        a, b = req(1, [((UNIQUE, 1), 8)]), req(2, [((UNIQUE, 2), 4)])
+        admit(kv, a), admit(kv, b)
+        return kv, a, b
+
+    one, a1, b1 = state()
+    for r, computed in ((a1, 8), (b1, 4), (a1, 12)):
+        assert one.append_block(r, computed)
+    many, a2, b2 = state()
+    assert many.append_blocks([a2, b2, a2])
+    assert (a2.block_ids, b2.block_ids, a2.fast_limit) == (a1.block_ids, b1.block_ids, a1.fast_limit)
+    assert (many.free_order(), many.evictions) == (one.free_order(), one.evictions) and many.evictions == 3
+    many.check_invariants()
+    assert not many.append_blocks([a2] * (many.num_free + 1)) and len(a2.block_ids) == 4 and many.num_free == 1

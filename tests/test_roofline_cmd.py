@@ -9,6 +9,7 @@ import yaml
 
 from kernelsight import cli
 from kernelsight.predictor.families import SHAPE_COLUMNS, make_shape
+from kernelsight.predictor.families.collectives import ALPHA_HOP_S, ALPHA_LAUNCH_S
 from kernelsight.predictor.hardware import load_hardware
 from kernelsight.predictor.paths import conf_dir
 from kernelsight.predictor.roofline import roofline_shape
@@ -89,11 +90,12 @@ def test_network_hops_follow_the_layouts_stated_scale_out_bandwidth(capsys, tmp_
         return pd.read_csv(tmp_path / "k.csv")["us/call"].iloc[0]
 
     default, slow = us("kernel.link=net"), us("kernel.link=net", "parallel.net_gbs_per_gpu=25")
-    assert default == pytest.approx(10 + 16777216 / 50e3) and slow == pytest.approx(10 + 16777216 / 25e3)
+    alpha = (ALPHA_LAUNCH_S["net"] + ALPHA_HOP_S["net"]) * 1e6  # one hop
+    assert default == pytest.approx(alpha + 16777216 / 50e3) and slow == pytest.approx(alpha + 16777216 / 25e3)
     assert us("kernel.link=nvlink", "parallel.net_gbs_per_gpu=25") == us("kernel.link=nvlink")
     out = run(capsys, "model=llama3.1-70b", "parallel=tp8_pp2", "parallel.net_gbs_per_gpu=12.5")
     hop = table_rows(out, "kernel ")["pp_sendrecv"]  # decode step: 64 tokens x (hidden + residual) of 8192 bf16
-    assert float(hop[hop.index("link") + 1]) == pytest.approx(10 + 64 * 2 * 8192 * 2 / 12.5e3, abs=0.5)  # printed 178
+    assert float(hop[hop.index("link") + 1]) == pytest.approx(alpha + 64 * 2 * 8192 * 2 / 12.5e3, abs=0.5)
     assert "'net_gbs_per_gpu' = 0: must be > 0" in fails(capsys, "parallel.net_gbs_per_gpu=0")
 
 

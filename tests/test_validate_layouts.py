@@ -78,3 +78,17 @@ def test_the_cross_tier_has_one_bundle_per_validated_gpu(tmp_path, monkeypatch):
     [(single, ex)] = parse_tiers({"cross": {"predictor_tier": "cross", "bundle": str(tmp_path / "b"),
                                             "exclude_devices": ["h100_sxm"]}})
     assert single.on("h200_sxm") is single and excluded(ex, "h200_sxm") == ["h100_sxm"]
+
+
+def test_block_fp8_experts_are_never_cut_below_their_scale_blocks():
+    """vLLM refuses MiniMax-M2.5's block-FP8 experts (1536 wide) at moe_tp 8 (192 columns): the simulator
+    refuses the layout, and a validation row stating it is read as what could have run, experts split whole."""
+    from kernelsight.sim.parallel import ParallelConfig, shard
+
+    minimax = load_model("minimax-m2.5")
+    with pytest.raises(KernelsightError, match="192 columns, not whole 128-wide scale blocks: vLLM refuses"):
+        shard(minimax, ParallelConfig(name="tp8", tp=8))
+    assert shard(minimax, ParallelConfig(name="tp4", tp=4)).moe_intermediate == 384
+    par = parallel_for(row(model_path="MiniMaxAI/MiniMax-M2.5", tp=8, moe_tp=8, moe_ep=1), minimax)
+    assert (par.ep, par.moe_tp) == (8, 1)
+    assert parallel_for(row(tp=4, moe_tp=4, moe_ep=1), minimax).ep == 1  # 384 columns: as stated

@@ -31,7 +31,7 @@ from kernelsight.predictor.errors import KernelsightError, did_you_mean
 from kernelsight.predictor.hardware import resolve_device
 from kernelsight.predictor.paths import data_dir
 from kernelsight.sim.model import ModelConfig, list_models, load_model
-from kernelsight.sim.parallel import ParallelConfig
+from kernelsight.sim.parallel import FP8_BLOCK, ParallelConfig
 
 REQUIRED = ("model_path", "precision", "system", "isl", "osl", "concurrency", "tp_size", "ttft_ms", "tpot_ms")
 INTEGER_COLUMNS = ("isl", "osl", "concurrency", "tp_size")
@@ -286,6 +286,12 @@ def parallel_for(row: ValidationRow, model: ModelConfig) -> ParallelConfig:
             raise KernelsightError(f"moe_tp_size={row.moe_tp} x moe_ep_size={row.moe_ep}: the experts must span "
                                    f"the tp_size x attention_dp_size = {group} GPUs of the attention layers")
         ep = row.moe_ep
+        width = model.moe.intermediate // (group // ep)
+        if model.weight_format("experts") == "fp8_block" and width % FP8_BLOCK:
+            # vLLM's Fp8MoEMethod refuses block-FP8 experts cut below their 128-wide blocks ("The output_size of
+            # gate's and up's weight = 192 is not divisible by weight quantization block_n = 128"): a row of such
+            # a layout can only have run with --enable-expert-parallel, whole experts over the group's GPUs.
+            ep = group
     name = (f"tp{row.tp}" + (f"_adp{row.attention_dp}" if row.attention_dp > 1 else "")
             + (f"_ep{ep}" if ep > 1 else "") + (f"_pp{row.pp}" if row.pp > 1 else ""))
     return ParallelConfig(name=name, tp=row.tp, pp=row.pp, ep=ep, attention_dp=row.attention_dp)

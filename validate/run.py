@@ -99,18 +99,25 @@ class Tier:
     """An η tier of the validation: the predictor tier and bundle the simulator prices kernels with.
 
     bundle may name one bundle per validated GPU with '{device}' (its catalog key): on(device) is the tier
-    of that GPU's rows."""
+    of that GPU's rows. band: every kernel priced at that end of its 80 % interval ('p10', 'p90'; None: the
+    central value), at_band(band) the tier so priced."""
 
     name: str
     predictor_tier: str
     bundle: str | None
+    band: str | None = None
 
     def on(self, device: str) -> "Tier":
         if self.bundle is None or "{device}" not in self.bundle:
             return self
         from .cross_bundle import resolve_bundle
 
-        return Tier(self.name, self.predictor_tier, resolve_bundle(self.bundle.replace("{device}", device)))
+        return Tier(self.name, self.predictor_tier, resolve_bundle(self.bundle.replace("{device}", device)),
+                    self.band)
+
+    def at_band(self, band: str) -> "Tier":
+        """This tier with every kernel at the `band` end of its interval (its own name: rows kept apart)."""
+        return Tier(f"{self.name}-{band}", self.predictor_tier, self.bundle, band)
 
 
 @dataclass
@@ -209,7 +216,7 @@ def row_setup(row: ValidationRow, model, tier: Tier, engine: dict) -> Setup:
     with equal shares of the clients, and its MoE layers see every group's tokens (the model graph)."""
     setup = build_setup(model, load_hardware(row.device), EngineProfile.from_mapping(engine, "engine config"),
                         parallel_for(row, model), WorkloadConfig.from_config(_workload(group_row(row))),
-                        tier=tier.predictor_tier, bundle=tier.bundle)
+                        tier=tier.predictor_tier, bundle=tier.bundle, band=tier.band)
     setup.one_group = True
     return setup
 

@@ -176,10 +176,14 @@ class TierScore:
     timing: str
 
 
-def score_tier(v: Validation, tier: Tier, processes: int, progress=None, store=None) -> TierScore:
+def score_tier(v: Validation, tier: Tier, processes: int, progress=None, store=None,
+               intervals: bool = False) -> TierScore:
     """Simulate every row in `tier` and score it as simulated and with the host terms held out. progress: a
     tqdm-like factory for a bar over the rows, or None; store: a store.RowStore that keeps each row's
-    simulation as it finishes and gives back those of an earlier run with the same settings."""
+    simulation as it finishes and gives back those of an earlier run with the same settings. intervals:
+    simulate every row again with each kernel at the low and at the high end of its 80 % interval
+    (Tier.at_band); the table gets each metric's simulated range (<metric>_lo, <metric>_hi, host terms as
+    simulated) and whether the measured value fell inside (<metric>_inside)."""
     t0 = time.perf_counter()
     logs = simulate_rows([(r, m, tier.on(r.device), v.settings, v.num_requests) for r, m in zip(v.rows, v.models)],
                          processes,
@@ -204,7 +208,39 @@ def score_tier(v: Validation, tier: Tier, processes: int, progress=None, store=N
         warned.append(f"rows {', '.join(map(str, exposed))}: async scheduling, but the fitted host terms outlast "
                       f"some steps' GPU time; scored as if hidden")
     frame = _frame(v, tier, logs, masks, simulated, heldout)
+    if intervals and tier.predictor_tier != "roofline":
+        ends = [_simulated(v, tier.at_band(band), processes, progress, store) for band in BANDS]
+        for kind, values in _interval_columns(frame, *ends).items():
+            frame[kind] = values
     return TierScore(frame, fits, warned, timing)
+
+
+BANDS = ("p10", "p90")
+INTERVAL_METRICS = ("ttft", "tpot", "throughput")
+
+
+def _simulated(v: Validation, tier: Tier, processes: int, progress=None, store=None) -> np.ndarray:
+    """rows x (TTFT ms, TPOT ms) of every row simulated in `tier`, host terms as simulated."""
+    logs = simulate_rows([(r, m, tier.on(r.device), v.settings, v.num_requests) for r, m in zip(v.rows, v.models)],
+                         processes, progress, f"validate ({tier.name})", store)
+    masks = [comp.measured_requests(log, group_row(r).concurrency, v.settings.warmup_rounds)
+             for r, log in zip(v.rows, logs)]
+    return comp.predict([comp.linearize(log, v.engine.host, mask) for log, mask in zip(logs, masks)], {})
+
+
+def _interval_columns(frame: pd.DataFrame, low: np.ndarray, high: np.ndarray) -> dict:
+    """Each metric's simulated range over the two interval ends and whether the measured value is inside."""
+    out = {}
+    ends = {"ttft": (low[:, 0], high[:, 0]), "tpot": (low[:, 1], high[:, 1])}
+    ends["throughput"] = tuple(throughput(frame["concurrency"], frame["osl"], ttft, tpot).to_numpy(dtype=float)
+                               for ttft, tpot in zip(ends["ttft"], ends["tpot"]))
+    for metric in INTERVAL_METRICS:
+        a, b = ends[metric]
+        lo, hi = np.minimum(a, b), np.maximum(a, b)
+        measured = frame[metric].to_numpy(dtype=float)
+        out[f"{metric}_lo"], out[f"{metric}_hi"] = lo, hi
+        out[f"{metric}_inside"] = (measured >= lo) & (measured <= hi)
+    return out
 
 
 def _frame(v: Validation, tier: Tier, logs, masks, simulated: np.ndarray, heldout: np.ndarray) -> pd.DataFrame:
@@ -235,10 +271,10 @@ def _frame(v: Validation, tier: Tier, logs, masks, simulated: np.ndarray, heldou
 
 
 def score(v: Validation, tiers: list[tuple[Tier, list]], processes: int, progress=None,
-          store=None) -> tuple[pd.DataFrame, list[TierScore]]:
+          store=None, intervals: bool = False) -> tuple[pd.DataFrame, list[TierScore]]:
     """Every tier's rows in one table, with errors and each row's TPOT floor; and the per-tier scores.
-    progress, store: see score_tier."""
-    scores = [score_tier(v, tier, processes, progress, store) for tier, _ in tiers]
+    progress, store, intervals: see score_tier."""
+    scores = [score_tier(v, tier, processes, progress, store, intervals) for tier, _ in tiers]
     df = rep.add_errors(pd.concat([s.frame for s in scores], ignore_index=True))
     df["tpot_floor"] = np.tile(tpot_floor(v.rows, v.models, v.engine), len(tiers))
     return df, scores

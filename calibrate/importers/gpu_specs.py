@@ -46,8 +46,10 @@ _FLOAT_COLUMNS = ("boost_clock_mhz", "mem_gb", "mem_bw_gbs", "l2_mb", "smem_per_
                   "nvlink_gbs_per_dir", "pcie_gbs_per_dir")
 # Present in the CSV but not a Hardware field (memory technology is noted in `sources` where it matters).
 _IGNORED_COLUMNS = ("mem_type",)
-# May be absent (tables written before derived values were marked).
-_OPTIONAL_COLUMNS = ("derived",)
+# May be absent (tables written before derived values or PCIe peer-to-peer were marked).
+_OPTIONAL_COLUMNS = ("derived", "pcie_p2p")
+# pcie_p2p cells: yes / no, empty = not known (Hardware.pcie_p2p).
+_BOOL_CELLS = {"yes": True, "no": False}
 _ALL_COLUMNS = set(_STR_COLUMNS) | set(_INT_COLUMNS) | set(_FLOAT_COLUMNS) | set(_PEAK_COLUMNS) \
     | set(_IGNORED_COLUMNS)
 assert set(_PEAK_COLUMNS.values()) == set(DTYPES)
@@ -294,6 +296,10 @@ def read_gpu_specs(csv_path: str | Path) -> list[dict[str, Any]]:
                 entry[column] = _cell(row, column, float, where)
             entry["pcie_gen"] = _cell(row, "pcie_gen", int, where)
             entry["pcie_gbs_per_dir"] = _cell(row, "pcie_gbs_per_dir", float, where)
+            p2p = _cell(row, "pcie_p2p", str, where)
+            if p2p is not None and p2p.lower() not in _BOOL_CELLS:
+                raise KernelsightError(f"{where}: column 'pcie_p2p' = {p2p!r} must be yes, no or empty (not known)")
+            entry["pcie_p2p"] = None if p2p is None else _BOOL_CELLS[p2p.lower()]
             entry["derived"] = _derived_cell(row.get("derived") or "", where)
             rows.append(entry)
     keys = [r["key"] for r in rows]

@@ -23,7 +23,6 @@ the fused kernel aligns them) times 128-column tiles of gate-up and down.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
@@ -51,57 +50,95 @@ class MoeShape(Shape):
 def power_law_loads(u: np.ndarray, tokens: int, top_k: int, ep: int, alpha: float) -> np.ndarray:
     """Pairs per expert from one uniform draw u [experts], as aiconfigurator's collector draws them, each at most `tokens`,
     with the most loaded EP rank's experts first."""
-    experts = u.size
-    pairs = tokens * top_k
-    lo, hi = (1.0, tokens * 0.8) if pairs > experts else (0.01, 2.0)
+    return power_law_draws(np.asarray(u)[None, :], np.asarray([tokens]), top_k, ep, alpha)[0]
+
+
+def power_law_draws(u: np.ndarray, tokens: np.ndarray, top_k: int, ep: int, alpha: float) -> np.ndarray:
+    """power_law_loads of each row of u [rows, experts] with that row's tokens [rows], at once."""
+    rows, experts = u.shape
+    cap = np.asarray(tokens, dtype=np.int64)[:, None]
+    pairs = cap * top_k
+    few = pairs <= experts
+    lo, hi = np.where(few, 0.01, 1.0), np.where(few, 2.0, cap * 0.8)
     x = ((hi ** (1 - alpha) - lo ** (1 - alpha)) * u + lo ** (1 - alpha)) ** (1 / (1 - alpha))
-    loads = np.round(x / x.sum() * pairs)
-    loads[np.argmax(loads)] += pairs - loads.sum()
-    loads = np.clip(loads, 0, tokens).astype(np.int64)
-    short = pairs - int(loads.sum())
-    # the cap's excess (or a rounding gap) goes to the most loaded experts with room, ties broken by the
-    # drawn x, not by expert id (which would always pick the lowest-numbered experts)
-    for e in np.lexsort((-x, -loads)):
-        if short == 0:
-            break
-        step = min(tokens - loads[e], short) if short > 0 else -min(loads[e], -short)
-        loads[e] += step
-        short -= step
-    per_rank = loads.reshape(ep, experts // ep)
-    rank = int(np.argmax(per_rank.sum(axis=1)))
-    per_rank[[0, rank]] = per_rank[[rank, 0]]
-    return per_rank.reshape(-1)
+    loads = np.round(x / x.sum(axis=1, keepdims=True) * pairs)
+    index = np.arange(rows)
+    loads[index, np.argmax(loads, axis=1)] += pairs[:, 0] - loads.sum(axis=1)
+    loads = np.clip(loads, 0, cap).astype(np.int64)
+    short = pairs - loads.sum(axis=1, keepdims=True)
+    fix = np.flatnonzero(short[:, 0])
+    if fix.size:  # the cap's excess (or a rounding gap) goes to the most loaded experts with room, in turn,
+        # ties broken by the drawn x, not by expert id (which would always pick the lowest-numbered experts)
+        part, short, cap_part = loads[fix], short[fix], cap[fix]
+        order = np.lexsort((-x[fix], -part), axis=-1)
+        ordered = np.take_along_axis(part, order, axis=1)
+        room = np.where(short > 0, cap_part - ordered, ordered)  # what each can take or give, in that order
+        before = np.cumsum(room, axis=1) - room
+        np.put_along_axis(part, order, ordered + np.clip(np.abs(short) - before, 0, room) * np.sign(short), axis=1)
+        loads[fix] = part
+    per_rank = loads.reshape(rows, ep, experts // ep)
+    top = np.argmax(per_rank.sum(axis=2), axis=1)
+    first = per_rank[:, 0].copy()
+    per_rank[:, 0] = per_rank[index, top]
+    per_rank[index, top] = first
+    return per_rank.reshape(rows, experts)
 
 
+_ROUTES: dict = {}  # (tokens, experts, top_k, ep, distribution) -> local_routing's answer
+_MAX_ROUTES = 1_000_000
+_CHUNK = 1 << 21       # elements of one power-law batch (rows x experts)
 
-@lru_cache(maxsize=65536)
+
 def local_routing(tokens: int, experts: int, top_k: int, ep: int, distribution: str) -> tuple[float, float, float]:
     """(pairs, hit experts, 128-row tiles) on the measured GPU's experts / ep experts, expected values."""
+    return tuple(routing_table([tokens], experts, top_k, ep, distribution)[0].tolist())
+
+
+def routing_table(tokens, experts: int, top_k: int, ep: int, distribution: str) -> np.ndarray:
+    """local_routing of many token counts [n] at once, [n, 3]; memoised per token count."""
+    tokens = [int(t) for t in tokens]
+    missing = sorted({t for t in tokens if (t, experts, top_k, ep, distribution) not in _ROUTES})
+    if missing:
+        if len(_ROUTES) + len(missing) > _MAX_ROUTES:
+            _ROUTES.clear()
+        rows = _routing(np.asarray(missing, dtype=np.int64), experts, top_k, ep, distribution)
+        _ROUTES.update(((t, experts, top_k, ep, distribution), row) for t, row in zip(missing, rows.tolist()))
+    return np.asarray([_ROUTES[(t, experts, top_k, ep, distribution)] for t in tokens], dtype=np.float64)
+
+
+def _routing(tokens: np.ndarray, experts: int, top_k: int, ep: int, distribution: str) -> np.ndarray:
     local = experts // ep
-    pairs_total = tokens * top_k
-    if distribution == "balanced":
-        pairs = pairs_total / ep
-        hit = min(local, pairs)
-        return pairs, hit, hit * np.ceil(pairs / max(hit, 1.0) / TILE)
-    if distribution == "uniform":
-        p = top_k / experts
-        hit = local * (1.0 - (1.0 - p) ** tokens)
-        pairs = pairs_total / ep
-        return pairs, hit, hit * np.ceil(pairs / max(hit, 1e-9) / TILE) if hit else 0.0
+    if distribution in ("balanced", "uniform"):
+        pairs = tokens * top_k / ep
+        if distribution == "balanced":
+            hit = np.minimum(local, pairs)
+        else:
+            hit = local * (1.0 - (1.0 - top_k / experts) ** tokens)
+        tiles = np.where(hit > 0, hit * np.ceil(pairs / np.maximum(hit, 1.0 if distribution == "balanced" else 1e-9)
+                                                / TILE), 0.0)
+        return np.stack([pairs, hit, tiles], axis=1)
     alpha = float(distribution.removeprefix("power_law_"))
-    rng = np.random.default_rng(0)
-    out = np.zeros(3)
-    for _ in range(DRAWS):
-        rank = power_law_loads(rng.random(experts), tokens, top_k, ep, alpha)[:local]  # the most loaded rank
-        out += (rank.sum(), np.count_nonzero(rank), np.ceil(rank / TILE).sum())
-    return tuple(out / DRAWS)
+    u = np.random.default_rng(0).random((DRAWS, experts))  # the draws, in the order single draws would come
+    out = []
+    step = max(1, _CHUNK // (DRAWS * experts))
+    for start in range(0, len(tokens), step):
+        chunk = tokens[start:start + step]
+        loads = power_law_draws(np.tile(u, (len(chunk), 1)), np.repeat(chunk, DRAWS), top_k, ep, alpha)
+        rank = loads[:, :local].reshape(len(chunk), DRAWS, local)  # the most loaded rank of each draw
+        out.append(np.stack([rank.sum(axis=2).mean(axis=1), np.count_nonzero(rank, axis=2).mean(axis=1),
+                             np.ceil(rank / TILE).sum(axis=2).mean(axis=1)], axis=1))
+    return np.concatenate(out)
 
 
 def routing_columns(c) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per row: expected pairs, hit experts and row tiles on the measured GPU (see local_routing)."""
-    keys = zip(*(np.asarray(c[k]).tolist() for k in ("tokens", "experts", "top_k", "moe_ep", "distribution")))
-    rows = [local_routing(int(t), int(e), int(k), int(ep), d) for t, e, k, ep, d in keys]
-    arr = np.asarray(rows, dtype=np.float64).reshape(-1, 3)
+    cols = [np.asarray(c[k]).tolist() for k in ("tokens", "experts", "top_k", "moe_ep", "distribution")]
+    groups: dict = {}
+    for i, (t, e, k, ep, d) in enumerate(zip(*cols)):
+        groups.setdefault((int(e), int(k), int(ep), d), []).append(i)
+    arr = np.zeros((len(cols[0]), 3))
+    for (e, k, ep, d), rows in groups.items():
+        arr[rows] = routing_table([cols[0][i] for i in rows], e, k, ep, d)
     return arr[:, 0], arr[:, 1], arr[:, 2]
 
 
