@@ -16,6 +16,8 @@ import fcntl
 import json
 import os
 import shutil
+import signal
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -229,6 +231,21 @@ def results_table(table, key_columns: tuple[str, ...], setting: str = "results_t
     return table, pd.DataFrame()
 
 
+@contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT back while the block runs (where the platform can); one that came meanwhile is delivered,
+    as KeyboardInterrupt, when the block ends."""
+    mask = getattr(signal, "pthread_sigmask", None)
+    if mask is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    mask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        mask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def append_row(table, row: dict, key_columns: tuple[str, ...], setting: str = "results_table") -> Path:
     """Append one row to a CSV table shared by concurrent runs, and rewrite its Parquet twin.
 
@@ -249,8 +266,10 @@ def append_row(table, row: dict, key_columns: tuple[str, ...], setting: str = "r
             _, old = results_table(table, key_columns, setting)
             new = pd.DataFrame([row])
             frame = new if old.empty else pd.concat([old, new], ignore_index=True, sort=False)
-            write_table(frame, table, setting)
-            write_table(frame.astype({c: str for c in frame.columns if frame[c].dtype == object}), twin, setting)
+            parquet = frame.astype({c: str for c in frame.columns if frame[c].dtype == object})
+            with _interrupts_deferred():  # Ctrl-C between the two writes would leave the twins disagreeing
+                write_table(frame, table, setting)
+                write_table(parquet, twin, setting)
         except BaseException:
             if first and not table.exists():  # the table's first row failed (a full disk): leave nothing behind
                 lock_path.unlink(missing_ok=True)

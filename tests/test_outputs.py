@@ -103,3 +103,26 @@ def test_results_table_is_appended_to_and_a_foreign_csv_is_refused(tmp_path):
         append_row(mine, {"model": "m", "hardware": "h"}, ("model", "hardware"))
     assert mine.read_text() == "a,b\n1,2\n"
     assert not mine.with_suffix(".parquet").exists()
+
+
+def test_ctrl_c_between_the_twin_tables_writes_waits_for_both(tmp_path):
+    """A results table's CSV and Parquet twin are written together: Ctrl-C arriving between them is delivered
+    once both are there."""
+    import os
+    import signal
+
+    import pytest
+
+    from kernelsight.predictor import outputs
+
+    written = []
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # even where the runner ignores SIGINT
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with outputs._interrupts_deferred():
+                os.kill(os.getpid(), signal.SIGINT)
+                written.append("csv")
+                written.append("parquet")
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert written == ["csv", "parquet"]
