@@ -233,17 +233,23 @@ def results_table(table, key_columns: tuple[str, ...], setting: str = "results_t
 
 @contextmanager
 def _interrupts_deferred() -> Iterator[None]:
-    """Hold SIGINT back while the block runs (where the platform can); one that came meanwhile is delivered,
-    as KeyboardInterrupt, when the block ends."""
-    mask = getattr(signal, "pthread_sigmask", None)
-    if mask is None or threading.current_thread() is not threading.main_thread():
+    """Hold Ctrl-C back while the block runs: a SIGINT that came meanwhile gets the handler it would have had
+    (KeyboardInterrupt) when the block ends. (A Python-level handler: it runs in the main thread whichever
+    thread the signal reached; outside the main thread handlers cannot be set and the block runs as it is.)"""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    mask(signal.SIG_BLOCK, {signal.SIGINT})
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
     try:
         yield
     finally:
-        mask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        if callable(previous):
+            previous(signal.SIGINT, None)
+        elif previous == signal.SIG_DFL:
+            raise KeyboardInterrupt
 
 
 def append_row(table, row: dict, key_columns: tuple[str, ...], setting: str = "results_table") -> Path:

@@ -115,6 +115,10 @@ def test_ctrl_c_between_the_twin_tables_writes_waits_for_both(tmp_path):
 
     from kernelsight.predictor import outputs
 
+    import threading
+    import time
+
+    threading.Thread(target=time.sleep, args=(1.0,), daemon=True).start()  # the signal may reach another thread
     written = []
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # even where the runner ignores SIGINT
     try:
