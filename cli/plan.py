@@ -1,7 +1,7 @@
 """`kernelsight plan`: search GPUs, layouts and vLLM settings for the cheapest deployment meeting latency SLOs.
 
 conf/plan.yaml composes model=, engine=, workload= and pricing=; the search itself is sim/plan.py. This
-module builds the typed inputs, runs the candidates in parallel processes (joblib) with a progress bar,
+module builds the typed inputs, runs the candidates in parallel processes with a progress bar,
 and writes output_dir/: candidates.parquet (every candidate, with why it was dropped), probes.parquet
 (every simulated load), ranked.csv and pareto.png; it prints the ranked table.
 
@@ -14,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import signal
+from functools import partial
 from pathlib import Path
 
 from kernelsight.predictor.errors import KernelsightError, did_you_mean
@@ -185,24 +187,31 @@ def _plain(value):
 
 
 def _evaluate_all(settings: PlanSettings, todo: list[Candidate], jobs: int, progress):
-    """(row, probes) of each candidate as it finishes: in this process for jobs=1, else in joblib workers."""
+    """(row, probes) of each candidate as it finishes: in this process for jobs=1, else in worker processes."""
     bar = progress(total=len(todo), desc="plan", unit="candidate") if progress and todo else None
     groups = batches(todo)
+    pool = _pool(jobs) if jobs > 1 and len(groups) > 1 else None
     try:
-        if jobs == 1 or len(groups) <= 1:
-            results = (evaluate_many(settings, group) for group in groups)
-        else:
-            from joblib import Parallel, delayed
-
-            results = Parallel(n_jobs=jobs, return_as="generator_unordered")(
-                delayed(evaluate_many)(settings, group) for group in groups)
+        results = (pool.imap_unordered(partial(evaluate_many, settings), groups) if pool is not None
+                   else (evaluate_many(settings, group) for group in groups))
         for group in results:
             if bar is not None:
                 bar.update(len(group))
             yield from group
     finally:
+        if pool is not None:
+            pool.terminate()  # every result is in; on Ctrl-C the workers stop at once
+            pool.join()
         if bar is not None:
             bar.close()
+
+
+def _pool(jobs: int):
+    """Worker processes that leave Ctrl-C to this one (which stops them), so an interrupt is one line."""
+    import multiprocessing
+
+    return multiprocessing.get_context("spawn").Pool(jobs, initializer=signal.signal,
+                                                      initargs=(signal.SIGINT, signal.SIG_IGN))
 
 
 def _add_intervals(settings: PlanSettings, rows: list[dict], jobs: int) -> None:
@@ -214,9 +223,12 @@ def _add_intervals(settings: PlanSettings, rows: list[dict], jobs: int) -> None:
     if jobs == 1 or len(rows) == 1:
         ends = [interval(*a) for a in args]
     else:
-        from joblib import Parallel, delayed
-
-        ends = Parallel(n_jobs=jobs)(delayed(interval)(*a) for a in args)
+        pool = _pool(jobs)
+        try:
+            ends = pool.starmap(interval, args)
+        finally:
+            pool.terminate()
+            pool.join()
     for row, end in zip(rows, ends):
         for metric, (low, high) in end.items():
             row[f"{metric}_p10"], row[f"{metric}_p90"] = low, high
