@@ -15,10 +15,20 @@ A prediction's interval is [predicted * exp(q10), predicted * exp(q90)] with q10
 group's residuals. Why the cross and sibling paths are not plain pooled quantiles: their errors are mostly
 a bias per GPU (a held-out GPU is predicted too slow or too fast as a whole), and a family has only 2-13
 GPUs, so a new GPU's bias is one more draw from a few. Their quantiles are those of b + e (a random-effects
-predictive distribution): e the residuals about their own GPU's median, every GPU weighted equally; b the
-GPU medians, their spread about the mean widened by sqrt((K + 1) / (K - 1)) for K GPUs (the predictive
-spread of one new draw: the medians' sample variance, K - 1 degrees of freedom, plus the uncertainty of
-their mean). Target residuals are the GPU's own, pooled as they are.
+predictive distribution), one rule for every family:
+
+  e         the residuals about their own GPU's median, every row counted once: the interval is for a kernel
+            row of an unseen GPU, and coverage counts rows, so a GPU counts by its rows (GPUs weighted equally
+            let a few hundred rows of a poorly predicted old card set the width for 40,000-row GPUs);
+  b         the GPU medians, each weighted by its rows, their deviations from the weighted mean scaled by
+            sqrt((K + 1) / (K - 1)) * t(0.9, K - 1) / z(0.9) for K GPUs: the Student-t predictive interval of
+            one new draw at the 80 % level (the spread is estimated from K GPUs: the normal factor alone
+            under-covers a new GPU when K is 2-4);
+  sibling   b is symmetric about zero instead: a die-sibling pair prices each other, so its residuals are
+            mirror images and the path has no bias to estimate; the points are +-b, scaled by
+            t(0.9, K) / z(0.9) (K draws about a known centre).
+
+Target residuals are the GPU's own, pooled as they are.
 
 Difficulty: a row whose features lie outside the model's training range (EtaModel.eta's extrapolated
 flag: a feature beyond its range, an unseen category, an η outside the training η) has its own group,
@@ -30,34 +40,71 @@ path's interval, its path's extrapolated interval and the cross path's interval;
 below the roofline.
 
 Coverage is measured on data the interval was not set on: a target row against the interval fitted on the
-other folds' residuals, a cross or sibling row against the interval fitted on the other GPUs' residuals,
-with the same rules; the share of rows inside is reported per path and family (calibration report).
+other folds' residuals, a cross or sibling row against the interval fitted on the residuals of the GPUs that
+are neither it nor its die siblings (predictor/transfer.py: same die and SM count), with the same rules; the
+share of rows inside is reported per path and family (calibration report). Die siblings are held out
+together because their residuals carry the held-out GPU's own data: a sibling's sibling residuals were
+priced by the held-out GPU's target model (the mirror image of its own), and a twin's cross residuals by a
+cross model fitted with it.
 """
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
 
+from kernelsight.predictor.errors import KernelsightError
+from kernelsight.predictor.hardware import load_hardware
 from kernelsight.predictor.predict import interval_quantiles
+from kernelsight.predictor.transfer import die_siblings
 
 LEVEL = (0.10, 0.90)
 MIN_ROWS = 50
 PATHS = ("target", "cross", "sibling")
 EXTRAPOLATED = " extrapolated"
 BY_GPU = ("cross", "sibling")  # paths whose quantiles treat the GPU as the unit (random effects)
-_GRID = np.linspace(0.0005, 0.9995, 1000)  # quantile levels that represent a within-GPU distribution
+SYMMETRIC = ("sibling",)  # paths whose GPU biases are symmetric about zero (die siblings price each other)
+_GRID = np.linspace(0.0005, 0.9995, 1000)  # quantile levels that represent the within-GPU distribution
 COLUMNS = ["path", "family", "device", "unit", "extrapolated", "residual"]
+
+
+def sibling_groups(devices) -> dict[str, str]:
+    """{GPU: its die-sibling group}: the GPUs among `devices` linked by predictor.transfer.die_siblings, named
+    by their keys joined with '+'; a GPU the hardware catalog does not know is a group of its own."""
+    known = []
+    for d in sorted(set(devices)):
+        try:
+            load_hardware(d)
+            known.append(d)
+        except KernelsightError:
+            pass
+    parent = {d: d for d in set(devices)}
+
+    def root(d):
+        while parent[d] != d:
+            d = parent[d]
+        return d
+
+    for d in known:
+        for other in die_siblings(d, known):
+            parent[root(other)] = root(d)
+    members: dict = {}
+    for d in parent:
+        members.setdefault(root(d), []).append(d)
+    return {d: "+".join(sorted(members[root(d)])) for d in parent}
 
 
 def residual_frame(scored: pd.DataFrame) -> pd.DataFrame:
     """The held-out rows that intervals are fitted on: path, family, GPU, the unit they are held out by (a
-    target fold, else the GPU), the extrapolated flag of the model that priced them, residual."""
+    target fold, else the GPU's die-sibling group), the extrapolated flag of the model that priced them,
+    residual."""
     if scored.empty:
         return pd.DataFrame(columns=COLUMNS)
+    groups = sibling_groups(scored["device"].unique())
 
     def part(rows, path, pred, flag):
         flags = rows[flag].to_numpy(bool) if flag in rows else np.zeros(len(rows), dtype=bool)
-        unit = rows["device"] + " fold " + rows["fold"].astype(str) if path == "target" else rows["device"]
+        unit = (rows["device"] + " fold " + rows["fold"].astype(str) if path == "target"
+                else rows["device"].map(groups))
         return pd.DataFrame({"path": path, "family": rows["family"].to_numpy(), "device": rows["device"].to_numpy(),
                              "unit": np.asarray(unit), "extrapolated": flags,
                              "residual": np.log(rows["latency_ms"].to_numpy(float) / rows[pred].to_numpy(float))})
@@ -78,21 +125,37 @@ def _weighted_quantiles(values: np.ndarray, weights: np.ndarray, levels) -> np.n
     return np.interp(levels, cum, v)
 
 
-def quantiles(residuals: np.ndarray, devices: np.ndarray | None = None) -> tuple[float, float]:
-    """(q10, q90): plain quantiles, or with `devices` the random-effects quantiles (module doc)."""
+def _bias_scale(k: int, centered: bool) -> float:
+    """The factor on the GPU biases' deviations (module doc): Student-t predictive of one new draw at LEVEL."""
+    from scipy import stats  # only when fitting: scipy.stats takes a while to import
+
+    z = stats.norm.ppf(LEVEL[1])
+    if centered:
+        return float(stats.t.ppf(LEVEL[1], k) / z)
+    return float(np.sqrt((k + 1) / (k - 1)) * stats.t.ppf(LEVEL[1], k - 1) / z) if k >= 2 else 1.0
+
+
+def quantiles(residuals: np.ndarray, devices: np.ndarray | None = None,
+              centered: bool = False) -> tuple[float, float]:
+    """(q10, q90): plain quantiles, or with `devices` the random-effects quantiles (module doc), the GPU
+    biases symmetric about zero when `centered` (sibling path)."""
     r = np.asarray(residuals, dtype=np.float64)
     if devices is None:
         lo, hi = np.quantile(r, LEVEL)
         return float(lo), float(hi)
     frame = pd.DataFrame({"device": np.asarray(devices), "r": r})
     by = frame.groupby("device", sort=True)["r"]
-    median, count = by.transform("median").to_numpy(), by.transform("size").to_numpy()
-    within = _weighted_quantiles(r - median, 1.0 / count, _GRID)
-    bias = by.median().to_numpy()
+    within = np.quantile(r - by.transform("median").to_numpy(), _GRID)  # each row once: GPUs by their rows
+    bias, rows = by.median().to_numpy(), by.size().to_numpy().astype(np.float64)
     k = len(bias)
-    if k >= 2:
-        bias = bias.mean() + (bias - bias.mean()) * np.sqrt((k + 1) / (k - 1))
-    lo, hi = np.quantile((bias[:, None] + within[None, :]).ravel(), LEVEL)
+    if centered:
+        points = np.concatenate([bias, -bias]) * _bias_scale(k, True)
+        weights = np.concatenate([rows, rows])
+    else:
+        center = np.average(bias, weights=rows)
+        points, weights = center + (bias - center) * _bias_scale(k, False), rows
+    total = (points[:, None] + within[None, :]).ravel()
+    lo, hi = _weighted_quantiles(total, np.repeat(weights, len(within)), LEVEL)
     return float(lo), float(hi)
 
 
@@ -102,7 +165,8 @@ def _fit_group(part: pd.DataFrame, path: str, pooled: bool = False) -> tuple[flo
     by_gpu = path in BY_GPU and part["device"].nunique() >= 2
     if part.empty or (not pooled and (len(part) < MIN_ROWS or (path in BY_GPU and not by_gpu))):
         return None
-    return quantiles(part["residual"].to_numpy(), part["device"].to_numpy() if by_gpu else None)
+    return quantiles(part["residual"].to_numpy(), part["device"].to_numpy() if by_gpu else None,
+                     centered=path in SYMMETRIC)
 
 
 def _entry(q: tuple[float, float], rows: int) -> dict:
@@ -128,9 +192,9 @@ def fit_intervals(residuals: pd.DataFrame) -> dict:
 
 
 def coverage(residuals: pd.DataFrame) -> pd.DataFrame:
-    """Held-out coverage per path and family: each unit's (target: fold's; cross, sibling: GPU's) rows against
-    the intervals fitted (fit_intervals) on the other units' residuals of the path; the share of extrapolated
-    rows and the median interval width as p90 / p10."""
+    """Held-out coverage per path and family: each unit's (target: fold's; cross, sibling: die-sibling group's)
+    rows against the intervals fitted (fit_intervals) on the other units' residuals of the path; the share of
+    extrapolated rows and the median interval width as p90 / p10."""
     rows = []
     for path, prows in residuals.groupby("path", sort=True):
         inside: dict = {}

@@ -102,11 +102,13 @@ def write_report(out, scored: pd.DataFrame, counts: pd.DataFrame, chosen: pd.Dat
           "log(measured / predicted) of the path that priced it, per family (calibrate/intervals.py): target, "
           "the target tier's K-fold rows; sibling, the leave-one-GPU-out rows a die sibling priced; cross, "
           "every leave-one-GPU-out row of the cross-device model alone. Cross and sibling quantiles treat "
-          "the GPU as the unit (a bias per GPU plus the spread about it, the biases' spread widened for the "
-          "few GPUs seen); rows with features outside the model's training range have their own, wider "
-          "group ('extrapolated %': their share). Coverage is measured on data the interval was not set on: "
-          "each fold's (target) or held-out GPU's (cross, sibling) rows against the intervals fitted "
-          "without them. Aim: 75-85 %. Width: median p90 / p10.", "",
+          "the GPU as the unit (a bias per GPU plus the spread about it, each GPU counted by its rows, the "
+          "biases' spread widened to the Student-t predictive for the few GPUs seen; sibling biases "
+          "symmetric about zero); rows with features outside the model's training range have their own, "
+          "wider group ('extrapolated %': their share). Coverage is measured on data the interval was not "
+          "set on: each fold's (target) or held-out GPU's (cross, sibling) rows against the intervals fitted "
+          "without them and without its die siblings' (whose residuals carry its data). Aim: 75-85 %. "
+          "Width: median p90 / p10.", "",
           markdown_table(covered), "",
           "## Repeat measurements", "",
           "Kernels of the kept sweep that another sweep of the same source and GPU timed again (same harness, "

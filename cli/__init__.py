@@ -315,7 +315,35 @@ def run_command(name: str, overrides: list[str]) -> None:
     main()
 
 
+def _freeze_heap_at_exit() -> None:
+    """Once per process: at exit (after the exit handlers registered later, so after whatever a command set up),
+    move every object into the permanent generation, so that the interpreter's shutdown does not collect and
+    free the heap object by object: about 0.1 s of every command's exit over numpy, Hydra and a finished run,
+    for memory the process gives back anyway. The standard streams are still flushed at shutdown, and the
+    commands close what they write before they return (files, Parquet writers, plots), so only that clean-up
+    is skipped. Not where a device library was loaded (`kernelsight bench`): triton's bindings report every
+    one of their objects still alive at shutdown as a leak."""
+    global _FREEZE_REGISTERED
+    if not _FREEZE_REGISTERED:
+        import atexit
+
+        atexit.register(_freeze_heap)
+        _FREEZE_REGISTERED = True
+
+
+_FREEZE_REGISTERED = False
+_KEEP_SHUTDOWN = ("torch", "triton")  # libraries whose shutdown wants their objects freed
+
+
+def _freeze_heap() -> None:
+    if not any(name in sys.modules for name in _KEEP_SHUTDOWN):
+        import gc
+
+        gc.freeze()
+
+
 def main(argv: list[str] | None = None) -> None:
+    _freeze_heap_at_exit()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())

@@ -38,6 +38,10 @@ def predict(cfg) -> None:
     print(f"  eta       {p['eta']:.4f}  [tier {p['tier']}, model {p['model']}"
           f"{', outside the training range: clamped' if p['extrapolated'] else ''}]")
     print(f"  predicted {p['seconds'] * 1e6:.3f} us")
+    low, high = p.get("seconds_p10"), p.get("seconds_p90")
+    if low is not None and high is not None and low == low and high == high:  # NaN: the bundle states none
+        print(f"  80 % interval {low * 1e6:.3f}-{high * 1e6:.3f} us (p10-p90 of held-out errors, "
+              f"{p.get('path', p['tier'])} path)")
 
 
 def predict_kernel(hw: Hardware, kernel: dict, tier: str, bundle=None) -> tuple[dict, dict]:

@@ -32,6 +32,7 @@ import gzip
 import hashlib
 import importlib.util
 import json
+import os
 import re
 import sys
 import zlib
@@ -193,7 +194,13 @@ class EtaModel:
         """Rows with a categorical value (dtype, op, link, flag) that training never saw."""
         flag = np.zeros(len(x), dtype=bool)
         for j, seen in self._cats:
-            flag |= ~np.isin(x[:, j], seen)
+            # np.isin(x[:, j], seen) as its comparison loop: over a few categories this is the branch np.isin
+            # takes for short columns, and it spares long ones np.isin's sort (and importing numpy.ma, which
+            # np.unique does)
+            hit = np.zeros(len(x), dtype=bool)
+            for value in seen:
+                hit |= x[:, j] == value
+            flag |= ~hit
         return flag
 
     def out_of_range(self, x: np.ndarray) -> np.ndarray:
@@ -333,8 +340,20 @@ def _parse_json(data: bytes, where: str) -> dict:
     return doc
 
 
-def _inside(root: Path, rel) -> bool:
-    return isinstance(rel, str) and root in (root / rel).resolve().parents
+def _inside(root: Path, rel, folders: dict | None = None) -> bool:
+    """Whether root / rel, symlinks resolved, lies inside root (itself resolved). folders: a cache of resolved
+    folders, shared by the calls over one bundle's files (most of them share a few folders): a path whose last
+    part is a plain name and not a symlink resolves to its resolved folder plus that name."""
+    if not isinstance(rel, str):
+        return False
+    path = root / rel
+    if folders is None or path.name in ("", ".", "..") or os.path.islink(path):
+        return root in path.resolve().parents
+    folder = folders.get(path.parent)
+    if folder is None:
+        folder = folders[path.parent] = str(path.parent.resolve()).rstrip("/") + "/"
+    # both sides resolved, so "strictly below root" is a prefix test on their text
+    return (folder + path.name).startswith(str(root).rstrip("/") + "/")
 
 
 def check_header(doc: dict, where: str, fmt: str, schema_version: int, required, what: str) -> None:
@@ -365,9 +384,9 @@ def verify_manifest(path: Path, manifest: dict) -> None:
     if manifest.get("content_id") != content_id(manifest):
         raise KernelsightError(f"{where}: manifest content_id does not match its contents: the manifest was "
                                f"edited; re-publish the bundle")
-    root = path.resolve()
+    root, folders = path.resolve(), {}
     for rel, digest in sorted(files.items()):
-        if not _inside(root, rel):
+        if not _inside(root, rel, folders):
             raise KernelsightError(f"{where}: file entry {rel!r} points outside the bundle")
         if not isinstance(digest, str) or len(digest) != 64:
             raise KernelsightError(f"{where}: file entry {rel!r} has no sha256")

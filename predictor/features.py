@@ -29,7 +29,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from .dtypes import BYTES
-from .families import REGISTRY, Family, get_family
+from .families import Family, get_family
 from .families import attention, gemm
 from .families.collectives import link_path, link_terms, path_bandwidth
 from .roofline import _peaks, roofline_columns
@@ -246,16 +246,18 @@ def _spec(family: Family, tier: str) -> tuple:
     return shape + kernel + (KERNEL_HW_FEATURES if tier == "cross" else ())
 
 
-FEATURES: dict[tuple[str, str], tuple] = {(name, tier): _spec(fam, tier)
-                                          for name, fam in REGISTRY.items() for tier in TIERS}
+# (family, tier) -> its Feature list, built the first time it is asked for (features()).
+FEATURES: dict[tuple[str, str], tuple] = {}
 
 
 def features(family: str, tier: str) -> tuple:
     """The Feature list of a family's η model in a tier ('target' or 'cross')."""
     if tier not in TIERS:
         raise ValueError(f"unknown tier {tier!r}: expected one of {TIERS}")
-    get_family(family)
-    return FEATURES[(family, tier)]
+    found = FEATURES.get((family, tier))
+    if found is None:
+        found = FEATURES[(family, tier)] = _spec(get_family(family), tier)
+    return found
 
 
 def feature_names(family: str, tier: str) -> list[str]:

@@ -66,6 +66,44 @@ def interval_quantiles(intervals: dict, path: str, family: str, extrapolated: bo
     return min(q[0] for q in found), max(q[1] for q in found)
 
 
+class FamilyModels:
+    """The η models that may price one family on one GPU: `target`, the GPU's own model (None without one;
+    loaded up front), and the cross-device path's models (transfer.py: the cross model, die siblings' target
+    models), each loaded the first time a kernel goes that way, so pricing kernels that the GPU's own model
+    covers reads no other model's files (nor the hardware catalog the siblings come from)."""
+
+    def __init__(self, target=None, bundle: Bundle | None = None, family: str | None = None,
+                 hw: Hardware | None = None):
+        self.target = target
+        self._bundle, self._family, self._hw = bundle, family, hw
+        self.has_cross = bundle is not None and bundle.has("cross", family)
+        self._devices = None if bundle is not None else []
+        self._siblings = None
+
+    @property
+    def sibling_devices(self) -> list[str]:
+        """Catalog keys of the die siblings with a target model of the family, nearest first."""
+        if self._devices is None:
+            self._devices = die_siblings(self._hw, self._bundle.target_devices(self._family))
+        return self._devices
+
+    @property
+    def cross_path(self) -> bool:
+        """Whether the cross-device path has a model (the cross one or a die sibling's) for the family."""
+        return self.has_cross or bool(self.sibling_devices)
+
+    def cross(self):
+        """The cross-device model, or None."""
+        return self._bundle.model("cross", self._family) if self.has_cross else None
+
+    def siblings(self) -> list:
+        """[(Hardware, target model)] of the die siblings, nearest first."""
+        if self._siblings is None:
+            self._siblings = [(load_hardware(d), self._bundle.model("target", self._family, d))
+                              for d in self.sibling_devices]
+        return self._siblings
+
+
 class Predictor:
     """Prices kernels on one GPU with an η bundle.
 
@@ -100,38 +138,36 @@ class Predictor:
         return load_bundle(bundle)
 
     # -- which models price a family ---------------------------------------------------
-    def _models(self, family: str) -> tuple:
-        """(target model or None, cross model or None, die siblings [(Hardware, target model)]) for `family`."""
+    def _models(self, family: str) -> FamilyModels:
+        """The models that may price `family` on this GPU (chosen once per family)."""
         if family not in self._chosen:
             self._chosen[family] = self._choose(family)
         return self._chosen[family]
 
-    def _choose(self, family: str):
+    def _choose(self, family: str) -> FamilyModels:
         b, key = self.bundle, self.hw.key
         if self.tier == ROOFLINE:
-            return None, None, []
+            return FamilyModels()
         if b is None or not b.covers(family):
             if family not in self._warned:
                 self._warned.add(family)
                 where = "no η bundle loaded" if b is None else f"bundle {b.path} has no {family} model"
                 warnings.warn(f"{where}: {family} latencies on {key} are plain roofline (η = 1)", stacklevel=4)
-            return None, None, []
-        target = b.model("target", family, key) if b.has("target", family, key) else None
-        cross = b.model("cross", family) if b.has("cross", family) else None
+            return FamilyModels()
         if self.tier == "target":
-            if target is None:
+            if not b.has("target", family, key):
                 devices = ", ".join(b.target_devices(family)) or "none"
                 raise KernelsightError(f"bundle {b.path} has no target-tier {family} model for {key} "
                                        f"(GPUs with one: {devices}); use tier=cross or tier=auto")
-            return target, None, []
-        siblings = [(load_hardware(d), b.model("target", family, d))
-                    for d in die_siblings(self.hw, b.target_devices(family))]
+            return FamilyModels(b.model("target", family, key))
         if self.tier == "cross":
-            if cross is None and not siblings:
+            models = FamilyModels(None, b, family, self.hw)
+            if not models.cross_path:
                 raise KernelsightError(f"bundle {b.path} has no cross-device {family} model; "
                                        f"use tier=target or tier=auto")
-            return None, cross, siblings
-        return target, cross, siblings
+            return models
+        return FamilyModels(b.model("target", family, key) if b.has("target", family, key) else None, b, family,
+                            self.hw)
 
     # -- prediction ------------------------------------------------------------------------
     def predict(self, shapes, family: str | None = None):
@@ -223,19 +259,20 @@ class Predictor:
         out = {"eta": np.ones(n), "tier": np.full(n, ROOFLINE, dtype=object),
                "model": np.full(n, ROOFLINE, dtype=object), "extrapolated": np.zeros(n, dtype=bool),
                "path": np.full(n, ROOFLINE, dtype=object)}
-        target, cross, siblings = self._models(family)
-        if n == 0 or (target is None and cross is None and not siblings):
+        models = self._models(family)
+        target = models.target
+        if n == 0 or (target is None and not models.cross_path):
             return out
         rest = np.ones(n, dtype=bool)
         if target is not None:
             x = feature_matrix(family, target.tier, cols, self.hw, roof)
             # auto: what the target sweep never held goes to the cross path, when there is one
-            rows = ~target.unseen_category(x) if (cross is not None or siblings) else rest
+            rows = ~target.unseen_category(x) if models.cross_path else rest
             out["eta"][rows], out["extrapolated"][rows] = target.eta(x if rows.all() else x[rows])
             out["tier"][rows], out["model"][rows], out["path"][rows] = target.tier, target.label, "target"
             rest = ~rows
         if rest.any():
-            self._cross(family, cols, roof, rest, cross, siblings, out)
+            self._cross(family, cols, roof, rest, models.cross(), models.siblings(), out)
         return out
 
     def _cross(self, family: str, cols: Mapping, roof: Mapping, rows: np.ndarray, cross, siblings,

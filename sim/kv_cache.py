@@ -34,18 +34,7 @@ vLLM's, at one short KV-manager call per 16 decoded tokens.
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 from kernelsight.sim.request import Request
-
-
-@lru_cache(maxsize=4)
-def _fresh_links(num_blocks: int) -> tuple[list, list]:
-    """(next, prev) of a free queue holding every block in id order, built once per pool size: copying
-    them is several times faster than building them, which matters for the many short runs of a plan."""
-    head, tail = num_blocks, num_blocks + 1
-    return (list(range(1, num_blocks)) + [tail, 0, -1],      # blocks..., head -> 0, tail -> none
-            [head] + list(range(num_blocks - 1)) + [-1, num_blocks - 1])
 
 
 class KVCacheManager:
@@ -60,10 +49,14 @@ class KVCacheManager:
         self.enable_caching = enable_caching
         self.ref_cnt = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
-        # Free queue: doubly linked list over block ids; head/tail sentinels at n, n + 1.
+        # Free queue, in eviction order: the blocks never used yet (ids _fresh..n-1, in id order), then a doubly
+        # linked list of the freed ones (head/tail sentinels at n, n + 1). Freed blocks join the tail, allocation
+        # pops the front, so the never-used ones go first and need no links: a run's pool costs no per-block
+        # set-up beyond its tables (a plan simulates many short runs on pools of up to millions of blocks).
         self._head, self._tail = num_blocks, num_blocks + 1
-        links = _fresh_links(num_blocks)
-        self._next, self._prev = links[0].copy(), links[1].copy()
+        self._fresh = 0
+        self._next, self._prev = [0] * (num_blocks + 2), [0] * (num_blocks + 2)
+        self._next[self._head], self._prev[self._tail] = self._tail, self._head
         self.num_free = num_blocks
         # hash -> a cached block with it; further blocks with the same hash (identical blocks
         # computed twice, which vLLM also keeps) wait in _dupes.
@@ -99,6 +92,11 @@ class KVCacheManager:
 
     def _pop_free(self) -> int:
         """The block at the head of the free queue, its cached hash evicted."""
+        if self._fresh < self.num_blocks:
+            block = self._fresh
+            self._fresh = block + 1
+            self.num_free -= 1
+            return block
         nxt = self._next
         head = self._head
         block = nxt[head]
@@ -115,18 +113,24 @@ class KVCacheManager:
 
     def _pop_free_blocks(self, count: int) -> list[int]:
         """The `count` blocks at the head of the free queue (as many _pop_free calls), hashes evicted in order."""
+        fresh = min(count, self.num_blocks - self._fresh)
+        out = list(range(self._fresh, self._fresh + fresh))
+        self._fresh += fresh
+        self.num_free -= count
+        if fresh == count:   # never-used blocks hold no hash
+            return out
         nxt, head = self._next, self._head
-        out = []
+        linked = []
         b = nxt[head]
-        for _ in range(count):
-            out.append(b)
+        for _ in range(count - fresh):
+            linked.append(b)
             b = nxt[b]
         nxt[head] = b
         self._prev[b] = head
-        self.num_free -= count
+        out += linked
         block_hash, cached, dupes = self.block_hash, self._cached, self._dupes
         evicted = 0
-        for b in out:
+        for b in linked:
             h = block_hash[b]
             if h is not None:
                 block_hash[b] = None
@@ -140,7 +144,7 @@ class KVCacheManager:
 
     def free_order(self) -> list[int]:
         """Free block ids from the next to be evicted to the last (for tests and inspection)."""
-        out, b = [], self._next[self._head]
+        out, b = list(range(self._fresh, self.num_blocks)), self._next[self._head]
         while b != self._tail:
             out.append(b)
             b = self._next[b]

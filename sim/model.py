@@ -240,7 +240,11 @@ class ModelConfig:
         return tuple(c for c in COMPONENTS if present[c])
 
     def layer_plan(self) -> tuple[LayerSpec, ...]:
-        """Per layer, in order: its sliding window, attention chunk, RoPE and MoE (see the field docs)."""
+        """Per layer, in order: its sliding window, attention chunk, RoPE and MoE (see the field docs); built once
+        per config (the simulator's pricers ask for it per kernel table)."""
+        cached = self.__dict__.get("_layer_plan")
+        if cached is not None:
+            return cached
         plan = []
         for i in range(self.layers):
             sliding = self.sliding_layers == "all" or (self.sliding_layers == "even" and i % 2 == 0)
@@ -248,7 +252,8 @@ class ModelConfig:
             moe = bool(self.moe) and i >= self.moe.first_dense and (i + 1) % self.moe.every == 0
             plan.append(LayerSpec(window=self.sliding_window if sliding else 0,
                                   chunk=self.attention_chunk if rope else 0, rope=rope, moe=moe))
-        return tuple(plan)
+        object.__setattr__(self, "_layer_plan", tuple(plan))  # frozen: fields stay as they are
+        return self._layer_plan
 
     @property
     def moe_layers(self) -> int:

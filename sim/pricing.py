@@ -114,7 +114,7 @@ class StepPricer:
     power: None, or a predictor.energy.KernelPower on this GPU: breakdown() then also gives joules."""
 
     def __init__(self, model: ModelConfig, hw, engine: EngineProfile, parallel: ParallelConfig, predictor,
-                 power=None):
+                 power=None, context_limit: int | None = None):
         self.model, self.hw, self.engine, self.parallel, self.predictor = model, hw, engine, parallel, predictor
         self.power = power
         self.shard = shard(model, parallel)
@@ -142,12 +142,15 @@ class StepPricer:
         self._decode_steps: dict[int, tuple] = {}  # decodes -> what their decode-only steps share, built on use
         self._smp_launches = len(sampled_kernels(model, parallel, 1, self.shard))
         self._tok_launches = sum(c.count for c in token_kernels(model, parallel, engine, 1, self.shard))
-        self._kv_grid = _geometric_grid(2 * model.max_position, DECODE_POINTS_PER_OCTAVE)
+        # KV-length grids of the attention tables: to twice the model's context, or with context_limit (no
+        # sequence longer: max_model_len) only its points up to the first one past it (tables cost a predictor
+        # row per point; a KV length off the grid is priced exactly)
+        self._kv_grid = _grid_past(2 * model.max_position, DECODE_POINTS_PER_OCTAVE, context_limit)
         self._kv_grid_array = np.asarray(self._kv_grid)
         self._decode = [dict() for _ in self.kinds]  # per kind: n -> seconds on _kv_grid (one launch)
         self._decode_j = [dict() for _ in self.kinds]  # the same in joules
         self._new_grid = _tile_grid(self.max_tokens, Q_TILE)
-        self._prefix_grid = [0, *_geometric_grid(2 * model.max_position, PREFIX_POINTS_PER_OCTAVE)]
+        self._prefix_grid = [0, *_grid_past(2 * model.max_position, PREFIX_POINTS_PER_OCTAVE, context_limit)]
         # per kind: new x prefix table (one launch), its rows priced in blocks of PREFILL_BLOCK on use
         self._prefill = [[None] * len(self._new_grid) for _ in self.kinds]
         self._prefill_j = [[None] * len(self._new_grid) for _ in self.kinds]  # the same in joules
@@ -619,6 +622,15 @@ def _geometric_grid(limit: int, per_octave: int) -> list[int]:
     points.update(min(limit, round(2 ** (i / per_octave))) for i in range(steps + 1))
     points.add(limit)
     return sorted(points)
+
+
+def _grid_past(limit: int, per_octave: int, context: int | None) -> list[int]:
+    """_geometric_grid(limit, per_octave), or with `context` its points up to the first one above it: the same
+    points (so the same interpolation) for every length up to context."""
+    grid = _geometric_grid(limit, per_octave)
+    if context is None:
+        return grid
+    return grid[:bisect.bisect_right(grid, context) + 1]
 
 
 def _tile_grid(limit: int, tile: int) -> list[int]:

@@ -19,8 +19,6 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from kernelsight.predictor.outputs import atomic_file, ensure_dir, save_figure, write_json, write_text
 from kernelsight.sim.energy import EnergyAccumulator, energy_families
@@ -48,6 +46,11 @@ class _ChunkedTable:
     close() renames to `path` (a run that dies leaves no half table under the final name)."""
 
     def __init__(self, path: Path, columns: tuple):
+        # pyarrow is imported by the run that writes tables (here, before it starts), not by every run
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        self._pa, self._pq = pa, pq
         self.path = path
         self._file = ExitStack()
         self.tmp = self._file.enter_context(atomic_file(path, "output_dir"))
@@ -66,9 +69,9 @@ class _ChunkedTable:
     def flush(self) -> None:
         if not self.buffers[self.columns[0]] and self.writer is not None:
             return
-        table = pa.table({c: self.buffers[c] for c in self.columns})
+        table = self._pa.table({c: self.buffers[c] for c in self.columns})
         if self.writer is None:
-            self.writer = pq.ParquetWriter(self.tmp, table.schema)
+            self.writer = self._pq.ParquetWriter(self.tmp, table.schema)
         self.writer.write_table(table)
         self.buffers = {c: [] for c in self.columns}
 
@@ -263,6 +266,8 @@ def write_plots(out_dir: Path, metrics, acc: BreakdownAccumulator | None) -> lis
 
     steps_path = out_dir / "steps.parquet"
     if steps_path.is_file():
+        import pyarrow.parquet as pq
+
         t = pq.read_table(steps_path, columns=["end_s", "sampled", "running", "waiting", "kv_usage"])
         end = t["end_s"].to_numpy()
         if end.size:

@@ -105,8 +105,8 @@ def build_setup(model: ModelConfig, hardware: Hardware, engine: EngineProfile, p
     sched = SchedulerConfig.from_engine(engine)
     if predictor is None:
         predictor = Predictor(hw, tier=tier, bundle=bundle, band=band)
-    pricer = StepPricer(model, hw, engine, parallel, predictor, power=kernel_power(hw, energy))
     max_len = resolve_max_model_len(model, max_model_len, allow_long_max_model_len)
+    pricer = StepPricer(model, hw, engine, parallel, predictor, power=kernel_power(hw, energy), context_limit=max_len)
     if not sched.enable_chunked_prefill and sched.max_num_batched_tokens < max_len:
         raise KernelsightError(f"without chunked prefill a whole prompt must fit one step: "
                                f"scheduler.max_num_batched_tokens={sched.max_num_batched_tokens} < max_model_len="

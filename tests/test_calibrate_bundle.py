@@ -165,8 +165,10 @@ def test_opening_hashes_only_the_files_of_the_models_it_uses(bundle_dir, tmp_pat
     bundle = load_bundle(b)
     assert read == []
     assert Predictor("h100_sxm", bundle=bundle).predict(GEMM, family="gemm")["seconds"][0] > 0
-    assert read == ["models/target/h100_sxm/gemm.txt.gz", "models/target/h100_sxm/gemm.json",  # tier auto:
-                    "models/cross/gemm.txt.gz", "models/cross/gemm.json"]  # the GPU's model and the cross one
+    assert read == ["models/target/h100_sxm/gemm.txt.gz", "models/target/h100_sxm/gemm.json"]  # tier auto: the
+    # GPU's own model prices the kernel; the cross-device path's models are read when a kernel first goes that way
+    assert Predictor("h100_sxm", tier="cross", bundle=bundle).predict(GEMM, family="gemm")["seconds"][0] > 0
+    assert read[2:4] == ["models/cross/gemm.txt.gz", "models/cross/gemm.json"]
     with pytest.raises(KernelsightError) as e:
         bundle.model("target", "gemm", "a100_sxm")
     assert "entry target/a100_sxm/gemm: models/target/a100_sxm/gemm.txt.gz hash mismatch" in _one_line(e)
@@ -256,6 +258,23 @@ def test_newer_schema_and_foreign_paths_are_refused(bundle_dir, tmp_path):
     with pytest.raises(KernelsightError, match="points outside the bundle"):
         load_bundle(b)
 
+
+
+@pytest.mark.parametrize("rel", ["models/leak.json", "models/away/outside.json", "models/inside/../../../outside.json"])
+def test_file_entry_that_resolves_outside_the_bundle_is_refused(bundle_dir, tmp_path, rel):
+    """A listed file reached through a symlink (the file's own, or a folder's) or '..' that leads out of the
+    bundle, its hash in the manifest as a careful forger would write it; a symlink that stays inside is fine."""
+    b = _copy(bundle_dir, tmp_path)
+    (tmp_path / "outside.json").write_text("{}")
+    (b / "models" / "leak.json").symlink_to(tmp_path / "outside.json")
+    (b / "models" / "away").symlink_to(tmp_path, target_is_directory=True)
+    (b / "models" / "inside").symlink_to(b / "models" / "cross", target_is_directory=True)
+    _rewrite_manifest(b, lambda m: m["files"].update({rel: "0" * 64}))
+    with pytest.raises(KernelsightError) as e:
+        load_bundle(b)
+    assert _one_line(e) == f"bundle {b}: file entry {rel!r} points outside the bundle"
+    _rewrite_manifest(b, lambda m: m["files"].pop(rel) and m["files"].update({"models/inside/gemm.json": "0"}))
+    load_bundle(b)
 
 def test_schema_2_bundles_are_still_read(bundle_dir, tmp_path):
     """Before schema 3 content_id covered the file list and training data only, and cards had no text hash."""

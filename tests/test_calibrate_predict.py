@@ -159,3 +159,20 @@ def test_calibrate_settings_are_checked_before_the_data_is_loaded(args, message,
         cli.main(["calibrate", f"out={tmp_path / 'report'}", *args])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith(f"kernelsight calibrate: error: {message}") and err.count("\n") == 1
+
+
+def test_predict_prints_the_80_percent_interval_around_the_prediction(capsys):
+    """`kernelsight predict` of one kernel prints its p10-p90 range from the shipped bundle's held-out errors,
+    around the central prediction, for the GPU's own model and for the cross-device one."""
+    import re
+
+    from kernelsight import cli
+
+    for gpu, path in (("h100_sxm", "target"), ("mi300x", "cross")):
+        cli.main(["predict", f"hardware={gpu}", "kernel.family=gemm", "kernel.m=64", "kernel.n=4096",
+                  "kernel.k=4096", "kernel.dtype=bf16"])
+        out = capsys.readouterr().out
+        central = float(re.search(r"predicted (\S+) us", out).group(1))
+        low, high = map(float, re.search(r"80 % interval (\S+)-(\S+) us .*" + path + " path", out).groups())
+        roofline = float(re.search(r"roofline +(\S+) us", out).group(1))
+        assert roofline <= low < central < high

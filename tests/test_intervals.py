@@ -4,7 +4,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from kernelsight.calibrate.intervals import MIN_ROWS, coverage, fit_intervals, quantiles, residual_frame
+from kernelsight.calibrate.intervals import (MIN_ROWS, coverage, fit_intervals, quantiles, residual_frame,
+                                            sibling_groups)
 from kernelsight.predictor.predict import Predictor, interval_quantiles
 
 
@@ -73,7 +74,62 @@ def test_gpu_biases_widen_the_cross_interval_beyond_the_pooled_quantiles():
     lo, hi = quantiles(r, devices)
     plain_lo, plain_hi = quantiles(r)
     assert hi - lo > plain_hi - plain_lo
-    assert hi > 0.3 * np.sqrt(2) and lo < -0.3 * np.sqrt(2)  # K = 3: spread x sqrt((K + 1) / (K - 1))
+    assert hi > 0.3 * np.sqrt(2) * 1.47 and lo < -0.3 * np.sqrt(2) * 1.47  # K = 3: sqrt((K + 1) / (K - 1)) t / z
+
+
+def test_a_new_gpu_is_covered_80_percent_of_the_time_with_three_gpus_seen():
+    """Normal GPU biases, three GPUs seen: the interval covers a fourth GPU's rows about 80 % of the time (the
+    Student-t predictive; the normal factor alone, sqrt((K + 1) / (K - 1)), covered about 66 %)."""
+    rng = np.random.default_rng(6)
+    hits = []
+    for _ in range(300):
+        bias = rng.normal(0.0, 0.3, 4)
+        r = np.concatenate([b + rng.normal(0.0, 0.05, 100) for b in bias[:3]])
+        lo, hi = quantiles(r, np.repeat(["a", "b", "c"], 100))
+        new = bias[3] + rng.normal(0.0, 0.05, 100)
+        hits.append(np.mean((new >= lo) & (new <= hi)))
+    assert np.mean(hits) == pytest.approx(0.8, abs=0.05)
+
+
+def test_gpus_count_by_their_rows():
+    """Two well-predicted GPUs with 5,000 rows each and two poorly predicted ones with 100: the interval is for
+    a row, so it is set by the many rows (GPUs weighted equally made it as wide as the two small GPUs' biases)."""
+    rng = np.random.default_rng(7)
+    parts = [(0.02, 5000), (-0.02, 5000), (0.6, 100), (-0.6, 100)]
+    r = np.concatenate([rng.normal(b, 0.1, n) for b, n in parts])
+    devices = np.concatenate([np.full(n, str(i)) for i, (_, n) in enumerate(parts)])
+    lo, hi = quantiles(r, devices)
+    assert -0.35 < lo < -0.1 and 0.1 < hi < 0.35
+
+
+def test_sibling_biases_are_symmetric_about_zero():
+    """Die siblings price each other, so the sibling path's GPU biases are taken as +-b about zero, not about
+    their mean (which a held-out GPU's missing mirror image would shift away from it)."""
+    rng = np.random.default_rng(8)
+    biases = {"a": 0.4, "b": 0.05, "c": 0.1}
+    res = pd.DataFrame({"path": "sibling", "family": "gemm", "device": np.repeat(list(biases), 300),
+                        "extrapolated": False,
+                        "residual": np.concatenate([rng.normal(b, 0.03, 300) for b in biases.values()])})
+    res["unit"] = res["device"]
+    q = fit_intervals(res)["sibling"]["gemm"]
+    assert q["p10"] == pytest.approx(-q["p90"], abs=0.02) and q["p10"] < -0.4
+    cross = fit_intervals(res.assign(path="cross"))["cross"]["gemm"]
+    assert cross["p10"] > -0.2  # about the biases' mean: no mirror image
+
+
+def test_die_siblings_are_held_out_together():
+    """A sibling's residuals carry the held-out GPU's own data (priced by its target model, or by a cross model
+    fitted with it): cross and sibling coverage hold out the GPU with its die siblings."""
+    groups = sibling_groups(["h100_sxm", "h200_sxm", "b200_sxm", "gb200", "l40s", "a"])
+    assert groups["h100_sxm"] == groups["h200_sxm"] == "h100_sxm+h200_sxm"
+    assert groups["b200_sxm"] == groups["gb200"] != groups["h100_sxm"]
+    assert groups["l40s"] == "l40s" and groups["a"] == "a"  # no sibling; not in the catalog
+    frame = scored(np.random.default_rng(9))
+    frame["device"] = frame["device"].replace({"a": "h100_sxm", "b": "h200_sxm", "c": "l40s"})
+    res = residual_frame(frame)
+    units = res[res["path"] == "cross"].groupby("device")["unit"].first()
+    assert units["h100_sxm"] == units["h200_sxm"] != units["l40s"]
+    assert res.loc[res["path"] == "target", "unit"].str.contains(" fold ").all()
 
 
 def test_extrapolated_rows_get_their_own_wider_group():

@@ -184,3 +184,20 @@ def test_append_blocks_takes_and_evicts_what_one_append_block_per_request_would(
     assert (many.free_order(), many.evictions) == (one.free_order(), one.evictions) and many.evictions == 3
     many.check_invariants()
     assert not many.append_blocks([a2] * (many.num_free + 1)) and len(a2.block_ids) == 4 and many.num_free == 1
+
+
+def test_never_used_blocks_go_first_in_id_order_then_the_freed_ones():
+    # A fresh pool is the queue 0..n-1; freed blocks join behind the never-used ones, and an allocation
+    # that drains the never-used ones continues with the freed ones, evicting their hashes in order.
+    kv = KVCacheManager(6, BS)
+    assert kv.free_order() == [0, 1, 2, 3, 4, 5]
+    a, b = req(1, [((UNIQUE, 1), 8)]), req(2, [((UNIQUE, 2), 4)])
+    admit(kv, a)
+    admit(kv, b)
+    assert a.block_ids == [0, 1] and b.block_ids == [2]
+    kv.free(a)
+    assert kv.free_order() == [3, 4, 5, 1, 0]
+    c = req(3, [((UNIQUE, 3), 20)])
+    admit(kv, c)
+    assert c.block_ids == [3, 4, 5, 1, 0] and kv.num_free == 0 and kv.evictions == 2
+    kv.check_invariants()

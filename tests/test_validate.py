@@ -21,7 +21,7 @@ from kernelsight.validate import composition as comp
 from kernelsight.validate import report as rep
 from kernelsight.validate.rows import (ValidationRow, default_csv, model_for, parse_mappings, read_rows, throughput,
                                        with_protocol)
-from kernelsight.validate.run import RunSettings, Tier, deployment_engine, round_s, simulate_row
+from kernelsight.validate.run import RunSettings, Tier, deployment_engine, refusals, round_s, simulate_row
 
 HEADER = "id,model_path,precision,system,isl,osl,concurrency,tp_size,ttft_ms,tpot_ms"
 GOOD = "a,Qwen/Qwen3-32B,bf16,h100_sxm,1024,128,8.0,2.0,154.2,18.0"
@@ -411,6 +411,43 @@ def test_inferencemax_deployment_runs_async_and_fuses_norms_into_small_all_reduc
     table = {c.name: c.count for c in token_kernels(model, par, fused, np.array([1, 128, 129, 4096]))}
     assert table["add_rmsnorm"].tolist() == [0, 0, 64, 64]
     assert not load_engine(engine_map()).allreduce.fused_norm_max_bytes(2)  # off in the shipped profile
+
+
+def test_backend_version_is_read_and_a_bad_one_is_one_line(tmp_path):
+    header = HEADER + ",backend_version"
+    rows = read_rows(write_csv(tmp_path, GOOD + ",0.18.0", GOOD.replace("a,", "b,", 1) + ",", header=header))
+    assert [r.backend_version for r in rows] == [(0, 18, 0), ()]
+    assert read_rows(write_csv(tmp_path, GOOD + ",0.11.2rc1", header=header))[0].backend_version == (0, 11, 2)
+    message = one_line_error(read_rows, write_csv(tmp_path, GOOD + ",latest", header=header))
+    assert "row 1" in message and "backend_version" in message and "'latest'" in message
+
+
+def test_rows_of_another_serving_engine_are_refused_and_the_rest_run(tmp_path):
+    header = HEADER + ",backend"
+    csv = write_csv(tmp_path, GOOD + ",vllm", GOOD.replace("a,", "b,", 1) + ",trtllm",
+                    GOOD.replace("a,", "c,", 1) + ",", header=header)
+    rows = read_rows(csv)
+    assert [r.backend for r in rows] == ["vllm", "trtllm", ""]
+    models = [load_model("qwen3-32b")] * 3
+    problems = refusals(rows, models, engine_map())
+    assert list(problems) == [rows[1].key] and "backend 'trtllm'" in problems[rows[1].key]
+
+
+def test_vllm_releases_from_0_14_schedule_asynchronously():
+    # vLLM turned async scheduling on by default in 0.14.0: rows of later releases ran with it, earlier ones
+    # (and rows that do not say) as the profile has it, unless their deployment asked for it.
+    sync = engine_map(NO_FRONTEND)
+    assert not sync["host"]["async_scheduling"]
+    for version, expected in (((0, 18, 0), True), ((0, 14, 0), True), ((0, 13, 9), False), ((), False)):
+        for deployment in ("engine", "aiconfigurator"):
+            row = small_row(concurrency=4, deployment=deployment, backend_version=version)
+            assert deployment_engine(sync, row)["host"]["async_scheduling"] is expected
+    assert deployment_engine(sync, small_row(deployment="inferencemax", backend_version=(0, 10, 1)))["host"][
+        "async_scheduling"]
+    model, settings = load_model("llama3.1-8b"), RunSettings(0, 1, 0, sync, start="burst")
+    assert simulate_row(small_row(concurrency=4, backend_version=(0, 18, 0)), model, ROOFLINE, settings).asynchronous
+    assert not simulate_row(small_row(concurrency=4, backend_version=(0, 12, 0)), model, ROOFLINE,
+                            settings).asynchronous
 
 
 def test_async_rows_are_scored_as_they_ran_and_do_not_inform_the_host_fit():

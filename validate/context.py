@@ -19,7 +19,7 @@ from . import composition as comp
 from . import report as rep
 from .allreduce import custom_allreduce_rows, fit_custom_allreduce
 from .rows import DEPLOYMENTS
-from .run import RunSettings, Tier
+from .run import ASYNC_DEFAULT_SINCE, RunSettings, Tier
 from .score import TierScore, Validation, excluded
 
 
@@ -46,6 +46,9 @@ def protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mappings
            f"max_num_seqs {engine.scheduler.max_num_seqs}, CUDA graphs {engine.cuda_graph.mode}, async scheduling "
            f"{engine.host.async_scheduling}, frontend {engine.frontend.latency_ms:g} ms + exponential jitter of mean "
            f"{engine.frontend.jitter_ms:g} ms (counted in TTFT)",
+           f"rows of vLLM {'.'.join(map(str, ASYNC_DEFAULT_SINCE))} or later (backend_version) run with async "
+           f"scheduling, vLLM's default from that release on (vllm-project/vllm#27614); rows that do not state a "
+           f"release run as the profile and their deployment say",
            "throughput (measured and predicted alike) = concurrency x osl / (TTFT + (osl - 1) x TPOT)"]
     for tier, exclude in tiers:
         for device in devices if "{device}" in str(tier.bundle) else devices[:1]:

@@ -6,6 +6,9 @@ data/validation/vllm_dev.csv, aiconfigurator's silicon_sample.csv):
   required  model_path, precision, system, isl, osl, concurrency, tp_size, ttft_ms, tpot_ms
   optional  id, pp_size (1), attention_dp_size (1), gemm_quant_mode, backend, backend_version, ...
 
+`backend_version` (e.g. 0.18.0) decides the engine defaults a row ran with (vLLM scheduled
+asynchronously by default from 0.14.0 on: validate/run.py deployment_engine).
+
 Every required value is checked; a bad row raises ONE KernelsightError line naming
 the file, the row (1-based data row, as a spreadsheet shows it after the header)
 and the column.
@@ -21,6 +24,7 @@ bf16 checkpoint keeps vLLM's default KV dtype, the model's bf16).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -83,6 +87,8 @@ class ValidationRow:
     moe_tp: int = 1  # each expert's tensor-parallel width (moe_tp_size)
     moe_ep: int = 1  # expert-parallel ranks (moe_ep_size)
     set: str = ""  # the validation set (CSV file stem) the row comes from
+    backend_version: tuple = ()  # the engine release measured, e.g. (0, 18, 0); () when the CSV does not say
+    backend: str = ""  # the serving engine measured (lower case), e.g. vllm; '' when the CSV does not say
 
     @property
     def key(self) -> str:
@@ -160,7 +166,12 @@ def _row(path: Path, line: int, rec: dict) -> ValidationRow:
     values = {c: number(c, True) for c in INTEGER_COLUMNS}
     pp = number("pp_size", True, default=1)
     row_id = str(rec.get("id", "")).strip() or f"row{line}"
-    return ValidationRow(row_id=row_id, line=line, model_path=text("model_path"), precision=precision,
+    version = str(rec.get("backend_version", "")).strip()
+    if version and not re.fullmatch(r"\d+(\.\d+)*([.+-]?[A-Za-z0-9.+-]*)?", version):
+        raise KernelsightError(f"{where}: column 'backend_version' = {version!r} is not a release like 0.18.0")
+    return ValidationRow(backend=str(rec.get("backend", "")).strip().lower(), backend_version=tuple(int(x) for x in re.match(r"\d+(\.\d+)*", version).group().split("."))
+                         if version else (),
+                         row_id=row_id, line=line, model_path=text("model_path"), precision=precision,
                          device=device, isl=values["isl"], osl=values["osl"], concurrency=values["concurrency"],
                          tp=values["tp_size"], pp=pp, ttft_ms=number("ttft_ms", False),
                          tpot_ms=number("tpot_ms", False), attention_dp=number("attention_dp_size", True, default=1),

@@ -28,7 +28,7 @@ scheduled sequences, whether it samples), and per request those three step
 indices. `composition.py` re-prices the whole run for other host parameters
 without simulating again: exactly without a frontend delay (every arrival is a
 completion event), and with the schedule and idle times held fixed otherwise.
-With async scheduling (a row's deployment) steps overlap: the host forms step
+With async scheduling (a row's deployment, or its vLLM release: ASYNC_DEFAULT_SINCE) steps overlap: the host forms step
 n + 1 while the GPU runs step n, and a step lasts max(host, GPU). While the GPU
 is the longer of the two, the host terms do not move any token: the log keeps
 the step end times, and composition.py scores such a row as it ran, with a
@@ -194,8 +194,19 @@ def round_s(pricer, row: ValidationRow) -> float:
     return prefill + row.osl * decode
 
 
+# The `backend` values whose runs the engine profiles simulate ('': the CSV does not say; vLLM is assumed).
+SIMULATED_BACKENDS = ("", "vllm")
+
+# vLLM schedules asynchronously by default from this release on (vllm-project/vllm#27614, in v0.14.0): the host
+# forms step n + 1 while the GPU runs step n. Rows of earlier releases ran synchronously unless their
+# deployment asked for it (InferenceMAX's --async-scheduling).
+ASYNC_DEFAULT_SINCE = (0, 14, 0)
+
+
 def deployment_engine(engine: dict, row: ValidationRow) -> dict:
-    """The engine profile (mapping) of a row's deployment (rows.DEPLOYMENTS)."""
+    """The engine profile (mapping) of a row's deployment (rows.DEPLOYMENTS) under its vLLM release's defaults."""
+    if row.backend_version and row.backend_version >= ASYNC_DEFAULT_SINCE:
+        engine = {**engine, "host": {**engine["host"], "async_scheduling": True}}
     if row.deployment == "engine":
         return engine
     if row.deployment == "inferencemax":
@@ -229,14 +240,19 @@ def group_row(row: ValidationRow) -> ValidationRow:
 
 
 def refusals(rows: list[ValidationRow], models: list, engine: dict) -> dict[int, str]:
-    """Why each row that cannot be simulated cannot (its key -> the reason): a layout the model's heads or
-    the GPU's memory do not allow, a dtype the GPU has no peak for, ... Checked before any row runs, by
-    building each distinct (GPU, layout, model, deployment)'s setup with roofline pricing (no η bundle)."""
+    """Why each row that cannot be simulated cannot (its key -> the reason): another serving engine than
+    vLLM, a layout the model's heads or the GPU's memory do not allow, a dtype the GPU has no peak for, ...
+    Checked before any row runs, by building each distinct (GPU, layout, model, deployment)'s setup with
+    roofline pricing (no η bundle)."""
     checked: dict[tuple, str | None] = {}
     out = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for row, model in zip(rows, models):
+            if row.backend not in SIMULATED_BACKENDS:
+                out[row.key] = (f"backend {row.backend!r}: kernelsight simulates vLLM engines (engine profiles "
+                                f"of conf/engine), not this engine's scheduler and kernels")
+                continue
             key = (row.device, row.tp, row.pp, row.attention_dp, row.moe_tp, row.moe_ep, model, row.deployment)
             if key not in checked:
                 try:
