@@ -345,6 +345,7 @@ class SharedPredictor:
     def __init__(self, predictor: Predictor):
         self.inner = predictor
         self._memo: dict = {}
+        self.call_memo: dict = {}  # the pricers' own memo of whole kernel calls (sim/pricing.py StepPricer._priced)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

@@ -511,10 +511,16 @@ class StepPricer:
     def _priced(self, calls: list[KernelCall]) -> list[dict]:
         """Per call: 'seconds', 'joules' (0 without a power model) and roofline 't_roof' per row (times its
         scale) and each row's 'tier', 'model' and 'extrapolated' flag (the engine's all-reduce models show as
-        tier 'engine')."""
+        tier 'engine'). With a predictor that carries a `call_memo` (sim/plan.py's SharedPredictor: candidates
+        on one GPU rebuild the same kernel tables), calls priced before come from it, read-only."""
         out: list = [None] * len(calls)
+        memo = getattr(self.predictor, "call_memo", None)
+        keys = [self._call_key(call) for call in calls] if memo is not None else None
         by_family: dict[str, list[int]] = {}
         for i, call in enumerate(calls):
+            if keys is not None and keys[i] in memo:
+                out[i] = memo[keys[i]]
+                continue
             by_family.setdefault(call.family, []).append(i)
         for family, idx in by_family.items():
             parts = [calls[i].columns() for i in idx]
@@ -536,7 +542,20 @@ class StepPricer:
                           "t_roof": t_roof[rows] * calls[i].scale,
                           "tier": tier[rows], "model": model[rows], "extrapolated": extrapolated[rows]}
                 start = rows.stop
+                if keys is not None:
+                    for value in out[i].values():
+                        value.flags.writeable = False
+                    memo[keys[i]] = out[i]
         return out
+
+    def _call_key(self, call: KernelCall) -> tuple:
+        """What a call's prices depend on besides the predictor and GPU (the memo's owner): its family, shape
+        columns and scale, whether joules are priced, and for all-reduces the engine's all-reduce models."""
+        cols = tuple(sorted((k, v if np.ndim(v) == 0 else (np.asarray(v).dtype.str, np.shape(v), np.asarray(v).tobytes()))
+                            for k, v in call.cols.items()))
+        engine = (repr(self.engine.allreduce), getattr(self.measured_allreduce, "device", None)) \
+            if call.family == "allreduce" else ()
+        return call.family, call.scale, self.power is not None, cols, engine
 
     def pricing_sources(self, batches) -> list[dict]:
         """What priced the kernels of these steps, as they run: per family and (tier, model), their kernel
