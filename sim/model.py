@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -240,20 +241,8 @@ class ModelConfig:
         return tuple(c for c in COMPONENTS if present[c])
 
     def layer_plan(self) -> tuple[LayerSpec, ...]:
-        """Per layer, in order: its sliding window, attention chunk, RoPE and MoE (see the field docs); built once
-        per config (the simulator's pricers ask for it per kernel table)."""
-        cached = self.__dict__.get("_layer_plan")
-        if cached is not None:
-            return cached
-        plan = []
-        for i in range(self.layers):
-            sliding = self.sliding_layers == "all" or (self.sliding_layers == "even" and i % 2 == 0)
-            rope = not (self.nope_every and (i + 1) % self.nope_every == 0)
-            moe = bool(self.moe) and i >= self.moe.first_dense and (i + 1) % self.moe.every == 0
-            plan.append(LayerSpec(window=self.sliding_window if sliding else 0,
-                                  chunk=self.attention_chunk if rope else 0, rope=rope, moe=moe))
-        object.__setattr__(self, "_layer_plan", tuple(plan))  # frozen: fields stay as they are
-        return self._layer_plan
+        """Per layer, in order: its sliding window, attention chunk, RoPE and MoE (see the field docs)."""
+        return _layer_plan(self)
 
     @property
     def moe_layers(self) -> int:
@@ -461,6 +450,19 @@ def _check_mla(m: ModelConfig, fail) -> None:
 
 
 # -- loading ----------------------------------------------------------------------
+
+@lru_cache(maxsize=64)
+def _layer_plan(model: ModelConfig) -> tuple[LayerSpec, ...]:
+    """ModelConfig.layer_plan, built once per config (the simulator's pricers ask for it per kernel table)."""
+    plan = []
+    for i in range(model.layers):
+        sliding = model.sliding_layers == "all" or (model.sliding_layers == "even" and i % 2 == 0)
+        rope = not (model.nope_every and (i + 1) % model.nope_every == 0)
+        moe = bool(model.moe) and i >= model.moe.first_dense and (i + 1) % model.moe.every == 0
+        plan.append(LayerSpec(window=model.sliding_window if sliding else 0,
+                              chunk=model.attention_chunk if rope else 0, rope=rope, moe=moe))
+    return tuple(plan)
+
 
 def model_dir() -> Path:
     return conf_dir() / "model"
