@@ -551,7 +551,8 @@ class StepPricer:
     def _call_key(self, call: KernelCall) -> tuple:
         """What a call's prices depend on besides the predictor and GPU (the memo's owner): its family, shape
         columns and scale, whether joules are priced, and for all-reduces the engine's all-reduce models."""
-        cols = tuple(sorted((k, v if np.ndim(v) == 0 else (np.asarray(v).dtype.str, np.shape(v), np.asarray(v).tobytes()))
+        cols = tuple(sorted((k, v if np.ndim(v) == 0 else
+                             (np.asarray(v).dtype.str, np.shape(v), np.asarray(v).tobytes()))
                             for k, v in call.cols.items()))
         engine = (repr(self.engine.allreduce), getattr(self.measured_allreduce, "device", None)) \
             if call.family == "allreduce" else ()

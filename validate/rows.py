@@ -167,10 +167,11 @@ def _row(path: Path, line: int, rec: dict) -> ValidationRow:
     pp = number("pp_size", True, default=1)
     row_id = str(rec.get("id", "")).strip() or f"row{line}"
     version = str(rec.get("backend_version", "")).strip()
-    if version and not re.fullmatch(r"\d+(\.\d+)*([.+-]?[A-Za-z0-9.+-]*)?", version):
+    release = re.fullmatch(r"(\d+(?:\.\d+)*)(?:[.+-]?[A-Za-z0-9.+-]*)?", version) if version else None
+    if version and release is None:
         raise KernelsightError(f"{where}: column 'backend_version' = {version!r} is not a release like 0.18.0")
-    return ValidationRow(backend=str(rec.get("backend", "")).strip().lower(), backend_version=tuple(int(x) for x in re.match(r"\d+(\.\d+)*", version).group().split("."))
-                         if version else (),
+    return ValidationRow(backend=str(rec.get("backend", "")).strip().lower(),
+                         backend_version=tuple(int(x) for x in release.group(1).split(".")) if release else (),
                          row_id=row_id, line=line, model_path=text("model_path"), precision=precision,
                          device=device, isl=values["isl"], osl=values["osl"], concurrency=values["concurrency"],
                          tp=values["tp_size"], pp=pp, ttft_ms=number("ttft_ms", False),
