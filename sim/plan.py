@@ -30,7 +30,6 @@ from dataclasses import asdict, dataclass, field, replace
 from itertools import product
 from typing import Any, Callable, Iterable, Mapping
 
-import numpy as np
 
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.hardware import Hardware
@@ -339,32 +338,16 @@ def search_load(measure: Callable[[float], dict], slo: Slo, start: float, tolera
 
 
 class SharedPredictor:
-    """A Predictor shared by the candidates on one GPU in one process, its answers memoised by input:
-    candidates that differ in engine knobs or layout price many identical kernel tables."""
+    """A Predictor shared by the candidates on one GPU in one process, carrying the memo its pricers keep of
+    whole kernel calls (sim/pricing.py StepPricer._priced): candidates that differ in engine knobs or layout
+    price many identical kernel tables."""
 
     def __init__(self, predictor: Predictor):
         self.inner = predictor
-        self._memo: dict = {}
-        self.call_memo: dict = {}  # the pricers' own memo of whole kernel calls (sim/pricing.py StepPricer._priced)
+        self.call_memo: dict = {}
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
-
-    def predict(self, shapes, family: str | None = None):
-        if family is None:
-            return self.inner.predict(shapes)
-        key = (family, *(_column_key(name, value) for name, value in sorted(shapes.items())))
-        out = self._memo.get(key)
-        if out is None:
-            out = self._memo[key] = self.inner.predict(shapes, family=family)
-        return {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in out.items()}
-
-
-def _column_key(name: str, value) -> tuple:
-    arr = np.asarray(value)
-    if arr.dtype.kind in "OUS":
-        return name, arr.shape, tuple(arr.ravel().tolist())
-    return name, arr.dtype.str, arr.shape, arr.tobytes()
 
 
 _PREDICTORS: dict = {}  # (GPU key, tier, bundle, band) -> SharedPredictor, in this process
