@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from kernelsight import cli
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.paths import conf_dir
-from kernelsight.sim.engine_profile import load_engine
+from kernelsight.sim.engine_profile import EngineProfile, load_engine
 from kernelsight.sim.graph import token_kernels
 from kernelsight.sim.model import load_model
 from kernelsight.sim.parallel import ParallelConfig
@@ -298,7 +298,11 @@ def test_readme_block_rewrite_is_idempotent_and_keeps_the_rest(tmp_path):
     head = pd.DataFrame([{"set": "vllm_dev", "tier": "target", "kind": "heldout", "rows": 3, "ttft": 11.0,
                           "tpot": 5.0, "throughput": 2.5},
                          {"set": "vllm_dev", "tier": "cross", "kind": "heldout", "rows": 3, "ttft": 14.0, "tpot": 9.0,
-                          "throughput": 4.0}])
+                          "throughput": 4.0},
+                         {"set": "vllm_moe_dev", "tier": "target", "kind": "heldout", "rows": 2, "ttft": 30.0,
+                          "tpot": 6.0, "throughput": 5.0},
+                         {"set": "vllm_moe_dev", "tier": "cross", "kind": "heldout", "rows": 2, "ttft": 31.0,
+                          "tpot": 7.0, "throughput": 6.0}])
     readme = tmp_path / "README.md"
     readme.write_text(f"# kernelsight\n\nintro\n\n{rep.README_START}\nold\n{rep.README_END}\n\n## more\ntext\n")
     block = rep.readme_block(head)
@@ -308,6 +312,9 @@ def test_readme_block_rewrite_is_idempotent_and_keeps_the_rest(tmp_path):
     assert readme.read_text() == once
     assert once.startswith("# kernelsight\n\nintro\n\n") and once.endswith("\n\n## more\ntext\n")
     assert "| vllm_dev | target (η with the GPU's own kernel data) | 3 | 5.0 | 11.0 | 2.5 | 6.2 / 14.3 / 2.7 |" in once
+    # each set beside its own targets: the MoE set has no seed-paper figures and a target only in the target tier
+    assert "| vllm_moe_dev | target (η with the GPU's own kernel data) | 2 | 6.0 | 30.0 | 5.0 | n/a | <= 8 / 15 / 8 |" in once
+    assert "| 2 | 7.0 | 31.0 | 6.0 | n/a | n/a |" in once
     assert "old" not in once
     (tmp_path / "plain.md").write_text("no markers\n")
     assert "markers" in one_line_error(rep.rewrite_readme, tmp_path / "plain.md", block)
@@ -420,6 +427,29 @@ def test_backend_version_is_read_and_a_bad_one_is_one_line(tmp_path):
     assert read_rows(write_csv(tmp_path, GOOD + ",0.11.2rc1", header=header))[0].backend_version == (0, 11, 2)
     message = one_line_error(read_rows, write_csv(tmp_path, GOOD + ",latest", header=header))
     assert "row 1" in message and "backend_version" in message and "'latest'" in message
+
+
+def test_vllm_releases_from_0_16_fuse_the_all_reduce_with_the_norm_on_hopper_and_blackwell():
+    # vLLM 0.16's -O2 fuses a TP all-reduce with the residual add and RMSNorm after it on SM 9.x / 10.x, up to
+    # FI_ALLREDUCE_FUSION_MAX_SIZE_MB; not with PP or data parallelism, not on other GPUs or earlier releases.
+    engine = engine_map(NO_FRONTEND)
+    assert not any(engine["allreduce"]["fuse_rms_norm_max_mib"].values())
+
+    def fused(**kw):
+        return deployment_engine(engine, small_row(**{"tp": 8, "backend_version": (0, 18, 0), **kw}))[
+            "allreduce"]["fuse_rms_norm_max_mib"]
+
+    assert fused() == {"tp2": 64, "tp4": 2, "tp8": 0.5}
+    assert fused(device="b200_sxm") == {"tp2": 64, "tp4": 32, "tp8": 1}
+    assert fused(deployment="aiconfigurator") == fused()
+    for kw in ({"backend_version": (0, 14, 0)}, {"backend_version": ()}, {"tp": 1}, {"pp": 2},
+               {"attention_dp": 2}, {"device": "a100_sxm"}, {"device": "l40s"}):
+        assert fused(**kw) == engine["allreduce"]["fuse_rms_norm_max_mib"], kw
+    # In the graph: a decode step's add + RMSNorm kernels go into the all-reduce below 0.5 MiB at TP 8, not above.
+    model, par = load_model("llama3.1-70b"), ParallelConfig("tp8", tp=8)
+    profile = EngineProfile.from_mapping(deployment_engine(engine, small_row(tp=8, backend_version=(0, 18, 0))), "t")
+    norms = {t: sum(c.count for c in token_kernels(model, par, profile, t) if c.family == "norm") for t in (16, 64)}
+    assert norms[16] < norms[64]  # 16 x 8192 x 2 B = 0.25 MiB fused; 64 tokens = 1 MiB is not
 
 
 def test_rows_of_another_serving_engine_are_refused_and_the_rest_run(tmp_path):

@@ -7,7 +7,8 @@ data/validation/vllm_dev.csv, aiconfigurator's silicon_sample.csv):
   optional  id, pp_size (1), attention_dp_size (1), gemm_quant_mode, backend, backend_version, ...
 
 `backend_version` (e.g. 0.18.0) decides the engine defaults a row ran with (vLLM scheduled
-asynchronously by default from 0.14.0 on: validate/run.py deployment_engine).
+asynchronously by default from 0.14.0 on and fused the all-reduce with the RMSNorm from 0.16.0 on:
+validate/run.py release_engine).
 
 Every required value is checked; a bad row raises ONE KernelsightError line naming
 the file, the row (1-based data row, as a spreadsheet shows it after the header)

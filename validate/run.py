@@ -201,12 +201,31 @@ SIMULATED_BACKENDS = ("", "vllm")
 # forms step n + 1 while the GPU runs step n. Rows of earlier releases ran synchronously unless their
 # deployment asked for it (InferenceMAX's --async-scheduling).
 ASYNC_DEFAULT_SINCE = (0, 14, 0)
+# From this release on, vLLM's default -O2 fuses each tensor-parallel all-reduce with the residual add and
+# RMSNorm after it (FlashInfer's kernel; vllm/config/vllm.py enable_allreduce_rms_fusion) on Hopper and Blackwell
+# GPUs with TP > 1, without pipeline or data parallelism; 0.14's OPTIMIZATION_LEVEL_02 still had it off.
+FUSED_NORM_DEFAULT_SINCE = (0, 16, 0)
+# vLLM 0.16's FI_ALLREDUCE_FUSION_MAX_SIZE_MB (compilation/passes/fusion/allreduce_rms_fusion.py) per CUDA
+# major version: the largest fused message, MiB, per TP size (larger ones run the unfused all-reduce).
+FUSED_NORM_MAX_MIB = {"9": {"tp2": 64, "tp4": 2, "tp8": 0.5}, "10": {"tp2": 64, "tp4": 32, "tp8": 1}}
+
+
+def release_engine(engine: dict, row: ValidationRow) -> dict:
+    """The engine profile (mapping) under the defaults of the row's vLLM release (rows without one: as it is)."""
+    if not row.backend_version:
+        return engine
+    if row.backend_version >= ASYNC_DEFAULT_SINCE:
+        engine = {**engine, "host": {**engine["host"], "async_scheduling": True}}
+    major = str(load_hardware(row.device).compute_capability or "").split(".")[0]
+    if (row.backend_version >= FUSED_NORM_DEFAULT_SINCE and major in FUSED_NORM_MAX_MIB and row.tp > 1
+            and row.pp == 1 and row.attention_dp == 1):
+        engine = {**engine, "allreduce": {**engine["allreduce"], "fuse_rms_norm_max_mib": FUSED_NORM_MAX_MIB[major]}}
+    return engine
 
 
 def deployment_engine(engine: dict, row: ValidationRow) -> dict:
     """The engine profile (mapping) of a row's deployment (rows.DEPLOYMENTS) under its vLLM release's defaults."""
-    if row.backend_version and row.backend_version >= ASYNC_DEFAULT_SINCE:
-        engine = {**engine, "host": {**engine["host"], "async_scheduling": True}}
+    engine = release_engine(engine, row)
     if row.deployment == "engine":
         return engine
     if row.deployment == "inferencemax":
