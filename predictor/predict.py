@@ -28,6 +28,7 @@ warning, once per family.
 """
 from __future__ import annotations
 
+import copy
 import warnings
 from typing import TYPE_CHECKING, Mapping
 
@@ -64,6 +65,18 @@ def interval_quantiles(intervals: dict, path: str, family: str, extrapolated: bo
     found = [q for q in (own, _quantiles(intervals, f"{path} extrapolated", family),
                          _quantiles(intervals, "cross", family)) if q is not None]
     return min(q[0] for q in found), max(q[1] for q in found)
+
+
+def _check_band(band: str | None) -> str | None:
+    if band not in BANDS:
+        raise KernelsightError(f"band={band!r}: expected one of {', '.join(map(str, BANDS))}")
+    return band
+
+
+def _column_key(value) -> tuple:
+    """A column of shapes as a memo key part: its dtype, shape and values."""
+    a = np.asarray(value)
+    return a.dtype.str, a.shape, tuple(a.ravel().tolist()) if a.dtype == object else a.tobytes()
 
 
 class FamilyModels:
@@ -112,18 +125,27 @@ class Predictor:
     band: None, or 'p10' / 'p90': predict(columns, family=...) then gives that end of each kernel's interval
     as `seconds` (the central value where a kernel has none), so a simulation priced with it is the run
     at that end of the interval.
+    memo: keep every prediction of a mapping of columns and give it back for the same columns (read-only
+    arrays), for callers that price the same kernels again; with_band shares it, since the predictions of
+    the other bands come with it (the runs at the ends of the intervals price the central run's tables).
     """
 
-    def __init__(self, hardware: Hardware | str, tier: str = "auto", bundle=None, band: str | None = None):
+    def __init__(self, hardware: Hardware | str, tier: str = "auto", bundle=None, band: str | None = None,
+                 memo: bool = False):
         self.hw = load_hardware(hardware) if isinstance(hardware, str) else hardware
         if tier not in TIERS:
             raise KernelsightError(f"unknown tier {tier!r}{did_you_mean(tier, TIERS)}; expected one of {TIERS}")
-        if band not in BANDS:
-            raise KernelsightError(f"band={band!r}: expected one of {', '.join(map(str, BANDS))}")
-        self.tier, self.band = tier, band
+        self.tier, self.band = tier, _check_band(band)
         self.bundle = self._bundle(bundle) if tier != ROOFLINE else None
         self._warned: set[str] = set()
         self._chosen: dict[str, tuple] = {}
+        self._memo: dict | None = {} if memo else None
+
+    def with_band(self, band: str | None) -> Predictor:
+        """This predictor (its GPU, tier, bundle, models, warnings given and memo) pricing `band` instead."""
+        other = copy.copy(self)
+        other.band = _check_band(band)
+        return other
 
     @staticmethod
     def _bundle(bundle) -> Bundle | None:
@@ -189,13 +211,27 @@ class Predictor:
             return self._predict_frame(shapes)
         if family is None:
             raise KernelsightError("predict(columns): a mapping of shape columns needs family=<family>")
+        if self._memo is None:
+            out = self._predict_columns(shapes, family)
+        else:
+            key = (family, tuple(sorted((name, _column_key(value)) for name, value in shapes.items())))
+            kept = self._memo.get(key)
+            if kept is None:
+                kept = self._memo[key] = self._predict_columns(shapes, family)
+                for value in kept.values():
+                    value.flags.writeable = False
+            out = dict(kept)
+        if self.band is not None:
+            end = out[f"seconds_{self.band}"]
+            out = {**out, "seconds": np.where(np.isnan(end), out["seconds"], end)}
+        return out
+
+    def _predict_columns(self, shapes: Mapping, family: str) -> dict:
+        """predict(columns, family=...) at the central value (its band's end as 'seconds_<band>')."""
         roof = roofline_columns(family, shapes, self.hw)
         out = {**roof, **self._estimate(family, shapes, roof)}
         out["seconds"] = roof["t_roof"] * out["eta"]
         out["seconds_p10"], out["seconds_p90"] = self._interval(family, out["seconds"], roof["t_roof"], out)
-        if self.band is not None:
-            end = out[f"seconds_{self.band}"]
-            out["seconds"] = np.where(np.isnan(end), out["seconds"], end)
         return out
 
     def _interval(self, family: str, seconds: np.ndarray, t_roof, res: dict) -> tuple[np.ndarray, np.ndarray]:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
+
 from kernelsight.predictor.energy import KernelPower, load_energy_model, shared_energy_model
 
 ENERGY_KEYS = ("energy_j", "energy_per_output_token_j", "energy_per_request_j", "mean_power_w_per_gpu",
@@ -65,13 +67,17 @@ class EnergyAccumulator:
             fixed += joules
         attention, launch = prices.attention_j[:steps], prices.launch_j[:steps]
         for name, values in ((prices.attention_family, attention), ("launch", launch)):
-            if values.any():
+            if np.count_nonzero(values):
                 acc[name] = acc.get(name, 0.0) + float(values.sum())
         gpu = prices.gpu_s[:steps]
         self.gpu_s += float(gpu.sum())
         busy = gpu > 0
-        if busy.any():
-            self.peak_w = max(self.peak_w, float(((fixed + attention + launch)[busy] / gpu[busy]).max()))
+        count = np.count_nonzero(busy)
+        if count:
+            joules = fixed + attention + launch
+            if count < len(gpu):   # only steps that take GPU time have a power
+                joules, gpu = joules[busy], gpu[busy]
+            self.peak_w = max(self.peak_w, float((joules / gpu).max()))
 
 
 def energy_summary(acc: EnergyAccumulator | None, power: KernelPower | None, summary: dict, parallel,

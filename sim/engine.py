@@ -434,12 +434,11 @@ class Engine:
         busy time, breakdown and recorder rows."""
         sched, kv = replica.scheduler, replica.kv
         self.fast_forwarded_steps += scheduled
-        taken = int(np.searchsorted(block_step, scheduled))   # blocks of the steps scheduled
+        taken = int(block_step.searchsorted(scheduled))   # blocks of the steps scheduled
         reqs = run.requests
         block_slots = run.slots[block_index[:taken]].tolist()
-        block_comp = (run.comp[block_index[:taken]] + block_step[:taken]).tolist()   # computed tokens then
         if taken:
-            used = kv.num_used + np.searchsorted(block_step[:taken], np.arange(scheduled), side="right")
+            used = kv.num_used + block_step[:taken].searchsorted(np.arange(scheduled), side="right")
             usage = (used / kv.num_blocks).tolist()
         else:
             usage = [kv.usage] * scheduled
@@ -447,6 +446,7 @@ class Engine:
         if self.recorder is None:
             kv.append_blocks([reqs[slot] for slot in block_slots])   # free blocks for all: checked
         else:  # rows see each step's KV usage, as schedule() leaves it
+            block_comp = (run.comp[block_index[:taken]] + block_step[:taken]).tolist()   # computed tokens then
             first = sched.num_steps
             b = 0
             for j in range(scheduled):
@@ -538,9 +538,9 @@ def _sync_timeline(t: float, host: float, gpu: np.ndarray, horizon: float) -> tu
     k = len(gpu)
     terms = np.empty(2 * k + 1)
     terms[0], terms[1::2], terms[2::2] = t, host, gpu
-    times = np.cumsum(terms)
+    times = terms.cumsum()
     start = times[0::2][:k]
-    count = int(np.searchsorted(start, horizon))
+    count = int(start.searchsorted(horizon))
     return count, start[:count].tolist(), times[1::2][:count].tolist(), times[2::2][:count].tolist()
 
 

@@ -119,26 +119,23 @@ class KVCacheManager:
         self.num_free -= count
         if fresh == count:   # never-used blocks hold no hash
             return out
-        nxt, head = self._next, self._head
-        linked = []
-        b = nxt[head]
-        for _ in range(count - fresh):
-            linked.append(b)
-            b = nxt[b]
-        nxt[head] = b
-        self._prev[b] = head
-        out += linked
-        block_hash, cached, dupes = self.block_hash, self._cached, self._dupes
+        nxt, head, block_hash, cached, dupes = self._next, self._head, self.block_hash, self._cached, self._dupes
+        append = out.append
         evicted = 0
-        for b in linked:
+        b = nxt[head]
+        for _ in range(count - fresh):  # the queue walked and hashes evicted in one pass, in queue order
+            append(b)
             h = block_hash[b]
             if h is not None:
                 block_hash[b] = None
-                if h in dupes:
+                if dupes and h in dupes:
                     self._uncache(h, b)
                 else:   # the only block with this hash
                     del cached[h]
                 evicted += 1
+            b = nxt[b]
+        nxt[head] = b
+        self._prev[b] = head
         self.evictions += evicted
         return out
 
@@ -268,9 +265,8 @@ class KVCacheManager:
         hashes = request.block_hashes(num_full, self.block_size)
         block_hash = self.block_hash
         cached = self._cached
-        for i in range(request.num_cached_blocks, num_full):
-            h = hashes[i]
-            b = blocks[i]
+        start = request.num_cached_blocks
+        for h, b in zip(hashes[start:num_full], blocks[start:num_full]):
             block_hash[b] = h
             if cached.setdefault(h, b) != b:   # b had no hash, so the index cannot hold it already
                 self._dupes.setdefault(h, []).append(b)
@@ -288,8 +284,9 @@ class KVCacheManager:
         last = prev[tail]
         freed = 0
         for b in reversed(request.block_ids):  # appended at the tail of the free queue, in this order
-            ref[b] -= 1
-            if not ref[b]:
+            r = ref[b] - 1
+            ref[b] = r
+            if not r:
                 nxt[last] = b
                 prev[b] = last
                 last = b

@@ -7,12 +7,14 @@ from the same graph code that lists a step's kernels (graph.py):
   - token-wise kernels (GEMMs, norms, RoPE, KV write, activation, MoE, collectives): a table over
     every token count 1..max(max_num_batched_tokens, largest CUDA-graph size), exact, priced in blocks
     of TOKEN_BLOCK counts as steps first need them;
-  - LM head, logits gather and sampling: a table over the sampled rows 1..max_num_seqs, exact;
-  - decode attention of n decodes at mean KV length L: per n (built on first use), a table over a
-    geometric L grid (16 points per octave), interpolated linearly in L;
+  - LM head, logits gather and sampling: a table over the sampled rows 1..max_num_seqs, exact, priced in
+    blocks of SAMPLED_BLOCK counts the same way;
+  - decode attention of n decodes at mean KV length L: per n, a table over a geometric L grid (16 points
+    per octave), interpolated linearly in L, priced an octave at a time for DECODE_GROUP batch sizes at once
+    as steps first need it;
   - prefill attention of a chunk (new tokens after a cached prefix): a table over new-token
     counts (the edges and quarters of every 128-query tile, where wave quantisation jumps) x
-    prefixes (0 and 8 points per octave), interpolated bilinearly;
+    prefixes (0 and 8 points per octave), interpolated bilinearly, priced in blocks on first use;
   - flat masked attention (engine attention.layout flat_masked, transformers): per query-token count
     (built on first use), a table over the batch's KV tokens (16 points per octave), interpolated linearly.
 Error of the interpolation: below 0.5% of step time (tests/test_graph.py checks random mixed,
@@ -60,8 +62,12 @@ DECODE_POINTS_PER_OCTAVE = 16
 PREFIX_POINTS_PER_OCTAVE = 8
 FLAT_KV_LIMIT = 1 << 24  # flat masked attention: KV tokens of a whole batch tabulated up to this (exact beyond)
 US = 1e-6
-TOKEN_BLOCK = 512  # token counts of the token-wise table priced per predictor call
-PREFILL_BLOCK = 16  # new-token rows of a prefill-attention table priced per predictor call
+TOKEN_BLOCK = 256  # token counts of the token-wise table priced per predictor call
+SAMPLED_BLOCK = 64  # sampled-row counts of the LM head and sampler table priced per predictor call
+DECODE_BLOCK = 16  # KV-grid points (one octave) of a decode-attention table priced per predictor call
+DECODE_GROUP = 8  # consecutive batch sizes whose decode-attention tables are priced together, a block each
+PREFILL_BLOCK = 16  # new-token rows of a prefill-attention table priced per predictor call...
+PREFIX_BLOCK = 8  # ...times these prefixes (one octave)
 
 
 @dataclass(frozen=True)
@@ -94,6 +100,24 @@ class DecodeRun:
     energy_families: tuple = ()          # (family, joules): only with a power model and the breakdown
     attention_j: np.ndarray | None = None
     launch_j: np.ndarray | None = None
+
+
+class _DecodeTable:
+    """Seconds and joules of one decode-attention launch on the KV grid, as lists (one step's lookups) and
+    arrays (a decode run's), NaN where not priced yet; `priced` flags its blocks of DECODE_BLOCK points."""
+
+    __slots__ = ("seconds", "joules", "seconds_array", "joules_array", "priced")
+
+    def __init__(self, points: int):
+        self.seconds, self.joules = [math.nan] * points, [math.nan] * points
+        self.seconds_array, self.joules_array = np.full(points, math.nan), np.full(points, math.nan)
+        self.priced = [False] * -(-points // DECODE_BLOCK)
+
+    def fill(self, start: int, seconds: np.ndarray, joules: np.ndarray) -> None:
+        """Points start.. take these prices."""
+        stop = start + len(seconds)
+        self.seconds_array[start:stop], self.joules_array[start:stop] = seconds, joules
+        self.seconds[start:stop], self.joules[start:stop] = seconds.tolist(), joules.tolist()
 
 
 @dataclass(frozen=True)
@@ -130,8 +154,10 @@ class StepPricer:
         self._tok = np.zeros((len(self.families), self.max_tokens + 1))
         self._tok_j = np.zeros((len(self.families), self.max_tokens + 1))  # joules, beside _tok
         self._tok_total: list = [0.0, *[None] * self.max_tokens]  # None: its block is not priced yet
-        self._smp, self._smp_j = self._tables(sampled_calls)
-        self._smp_total = [0.0, *self._smp.sum(axis=0)[1:].tolist()]
+        # LM head and sampler table: priced in blocks of SAMPLED_BLOCK row counts in the same way
+        self._smp = np.zeros((len(self.families), engine.scheduler.max_num_seqs + 1))
+        self._smp_j = np.zeros_like(self._smp)
+        self._smp_total: list = [0.0, *[None] * engine.scheduler.max_num_seqs]
         self._tok_rows: dict[int, tuple] = {}  # per size: breakdown rows of the tables, built on use
         self._smp_rows: dict[int, tuple] = {}
         self._fixed: dict[tuple, dict] = {}    # (tokens, sampled rows) -> seconds per family, built on use
@@ -147,13 +173,13 @@ class StepPricer:
         # row per point; a KV length off the grid is priced exactly)
         self._kv_grid = _grid_past(2 * model.max_position, DECODE_POINTS_PER_OCTAVE, context_limit)
         self._kv_grid_array = np.asarray(self._kv_grid)
-        self._decode = [dict() for _ in self.kinds]  # per kind: n -> seconds on _kv_grid (one launch)
-        self._decode_j = [dict() for _ in self.kinds]  # the same in joules
+        self._decode = [dict() for _ in self.kinds]  # per kind: n -> _DecodeTable on _kv_grid (one launch)
         self._new_grid = _tile_grid(self.max_tokens, Q_TILE)
         self._prefix_grid = [0, *_grid_past(2 * model.max_position, PREFIX_POINTS_PER_OCTAVE, context_limit)]
-        # per kind: new x prefix table (one launch), its rows priced in blocks of PREFILL_BLOCK on use
-        self._prefill = [[None] * len(self._new_grid) for _ in self.kinds]
-        self._prefill_j = [[None] * len(self._new_grid) for _ in self.kinds]  # the same in joules
+        # per kind: new x prefix table (one launch), NaN until priced in blocks of PREFILL_BLOCK x PREFIX_BLOCK on use
+        self._prefill = [[[math.nan] * len(self._prefix_grid) for _ in self._new_grid] for _ in self.kinds]
+        self._prefill_j = [[[math.nan] * len(self._prefix_grid) for _ in self._new_grid] for _ in self.kinds]
+        self._prefill_priced: list[set] = [set() for _ in self.kinds]  # (row block, prefix block)
         self.flat = engine.attention.layout == "flat_masked"
         self._flat_grid = _geometric_grid(FLAT_KV_LIMIT, DECODE_POINTS_PER_OCTAVE)
         self._flat: dict[int, tuple] = {}  # query tokens -> KV grid and step seconds, built on use
@@ -173,14 +199,15 @@ class StepPricer:
             kernel_s = sum(k.total_s for k in self.kernels(batch))
         else:
             try:  # the tables end at the scheduler's limits; checked here, off the step loop's path
-                kernel_s = self._token_s(run_tokens) + self._smp_total[batch.num_sampled]
+                kernel_s = self._token_s(run_tokens) + self._sampled_s(batch.num_sampled)
             except IndexError:
                 sched = self.engine.scheduler
                 raise KernelsightError(f"a step of {batch.num_tokens} tokens and {batch.num_sampled} sampled "
                                        f"sequences exceeds the engine's limits (scheduler.max_num_batched_tokens="
                                        f"{sched.max_num_batched_tokens}, max_num_seqs={sched.max_num_seqs})") from None
-            kernel_s += sum(self._attention(batch))
-        return self._finish(batch, mode, kernel_s)
+            prefill_s, decode_s, _, _ = self._attention(batch)
+            kernel_s += prefill_s + decode_s
+        return StepTime(*self._finish(batch, mode, kernel_s))
 
     def breakdown(self, batch: StepBatch) -> dict:
         """Seconds per kernel family (plus 'launch' when launch bound) and per phase, and the StepTime parts.
@@ -193,36 +220,38 @@ class StepPricer:
         if not batch.num_tokens:
             return {**out, "gpu_s": 0.0, "host_s": 0.0, "total_s": 0.0}
         mode, run_tokens = self._graph_mode(batch)
+        sampled = batch.num_sampled
         prefill_share = batch.num_prefill_tokens / run_tokens
-        sampled_share = batch.prefill_sampled / batch.num_sampled if batch.num_sampled else 0.0
+        sampled_share = batch.prefill_sampled / sampled if sampled else 0.0
         family, phase = out["family"], out["phase"]
-        tok, smp = self._token_s(run_tokens), self._smp_total[batch.num_sampled]
-        family.update(self._fixed_families(run_tokens, batch.num_sampled))
+        tok, smp = self._token_s(run_tokens), self._sampled_s(sampled)
+        family.update(self._fixed_families(run_tokens, sampled))
         phase["prefill"] += tok * prefill_share + smp * sampled_share
         phase["decode"] += tok * (1 - prefill_share) + smp * (1 - sampled_share)
-        prefill_s, decode_s = self._attention(batch)
+        prefill_s, decode_s, prefill_j, decode_j = self._attention(batch, joules=self.power is not None)
         for name, part, seconds in zip(self.attention_families, ("prefill", "decode"), (prefill_s, decode_s)):
             if seconds:
                 family[name] = family.get(name, 0.0) + seconds
                 phase[part] += seconds
         kernel_s = sum(family.values())
-        t = self._finish(batch, mode, kernel_s)
-        launch = t.gpu_s - kernel_s
+        gpu_s, host_s, total_s = self._finish(batch, mode, kernel_s)
+        launch = gpu_s - kernel_s
         if launch > 0:
             family["launch"] = launch
             for key in phase:
                 phase[key] += launch * phase[key] / kernel_s
         if self.power is not None:
-            out["energy"] = self._energy(batch, run_tokens, launch, prefill_s, decode_s)
-        return {**out, "gpu_s": t.gpu_s, "host_s": t.host_s, "total_s": t.total_s}
+            out["energy"] = self._energy(run_tokens, sampled, launch, (prefill_s, decode_s), (prefill_j, decode_j))
+        out["gpu_s"], out["host_s"], out["total_s"] = gpu_s, host_s, total_s
+        return out
 
-    def _energy(self, batch: StepBatch, run_tokens: int, launch_s: float, prefill_s: float,
-                decode_s: float) -> dict:
-        """Joules per family of a step's kernels on one GPU (breakdown()'s families), launch waiting at the
-        idle GPU's power."""
-        energy = dict(self._fixed_families(run_tokens, batch.num_sampled, joules=True))
-        prefill_j, decode_j = self._attention(batch, joules=True)
-        for name, seconds, joules in zip(self.attention_families, (prefill_s, decode_s), (prefill_j, decode_j)):
+    def _energy(self, run_tokens: int, sampled: int, launch_s: float, attention_s: tuple,
+                attention_j: tuple) -> dict:
+        """Joules per family of a step's kernels on one GPU (breakdown()'s families; attention_s and
+        attention_j: its (prefill, decode) attention seconds and joules), launch waiting at the idle GPU's
+        power."""
+        energy = dict(self._fixed_families(run_tokens, sampled, joules=True))
+        for name, seconds, joules in zip(self.attention_families, attention_s, attention_j):
             if seconds:
                 energy[name] = energy.get(name, 0.0) + joules
         if launch_s > 0:
@@ -248,19 +277,28 @@ class StepPricer:
         n = len(decode_ctx)
         floor_s, host_s, families, families_s, tables_s = self._decode_fixed(n)
         step = np.arange(steps)
+        priced_j = breakdown and self.power is not None  # attention joules too: at the lookups of the seconds
         if self.flat:  # one flat attention per step; its KV tokens grow by one per sequence and step
             kv = int(decode_ctx.sum()) + n * step
             if kv[-1] >= self._flat_grid[-1]:
                 return None
-            attention = _lerp_array(*self._flat_table(n)[2:], kv)
+            grid, values = self._flat_table(n)[2:]
+            i, w = _bracket_array(grid, kv)
+            attention = _lerp_at(values, i, w)
+            attention_j = _lerp_at(self._flat_joules(n)[3], i, w) if priced_j else 0.0
         else:
-            attention = 0.0
-            for i, kind in enumerate(self.kinds):
+            attention = attention_j = 0.0
+            for k, kind in enumerate(self.kinds):
                 mean = _decode_mean_kv_run(decode_ctx, kind, step)
                 if mean[-1] > self._kv_grid[-1]:
                     return None
-                attention = attention + kind.count * _lerp_array(self._kv_grid_array, self._decode_table(i, n)[1],
-                                                                 mean)
+                i, w = _bracket_array(self._kv_grid_array, mean)
+                # the mean KV length grows step by step, but within chunks it starts again at each chunk's start
+                low, high = (int(i.min()), int(i.max())) if kind.chunk else (int(i[0]), int(i[-1]))
+                table = self._decode_table(k, n, low, high + 1)
+                attention = attention + kind.count * _lerp_at(table.seconds_array, i, w)
+                if priced_j:
+                    attention_j = attention_j + kind.count * _lerp_at(table.joules_array, i, w)
         # breakdown() sums its family dict; step_time the two table totals, then the attention
         kernel = (families_s if breakdown else tables_s) + attention
         gpu = np.maximum(kernel, floor_s)
@@ -269,7 +307,7 @@ class StepPricer:
         launch = gpu - kernel
         phase = tables_s + attention  # breakdown's decode phase: the whole step, launch waiting included
         bound = launch > 0
-        if bound.any():
+        if np.count_nonzero(bound):
             phase[bound] += launch[bound] * phase[bound] / kernel[bound]
             launch[~bound] = 0.0
         else:
@@ -277,18 +315,7 @@ class StepPricer:
         if self.power is None:
             return DecodeRun(gpu, host_s, families, attention, launch, phase, self.attention_families[1])
         return DecodeRun(gpu, host_s, families, attention, launch, phase, self.attention_families[1],
-                         self._decode_energy(n), self._decode_run_joules(decode_ctx, step), launch * self.power.idle_w)
-
-    def _decode_run_joules(self, decode_ctx: np.ndarray, step: np.ndarray) -> np.ndarray:
-        """decode_run's attention in joules, per step (its KV lengths are within the tables: checked there)."""
-        n = len(decode_ctx)
-        if self.flat:
-            return _lerp_array(*self._flat_joules(n)[2:], int(decode_ctx.sum()) + n * step)
-        joules = 0.0
-        for i, kind in enumerate(self.kinds):
-            joules = joules + kind.count * _lerp_array(self._kv_grid_array, self._decode_joules(i, n)[1],
-                                                       _decode_mean_kv_run(decode_ctx, kind, step))
-        return joules
+                         self._decode_energy(n), attention_j, launch * self.power.idle_w)
 
     def _decode_energy(self, n: int) -> tuple:
         """(family, joules) of the kernels every decode-only step of n sequences runs but attention; memoised."""
@@ -307,10 +334,10 @@ class StepPricer:
         if fixed is None:
             batch = StepBatch(decode_ctx=(1,) * n)
             mode, run_tokens = self._graph_mode(batch)
-            floor = self._finish(batch, mode, 0.0)
+            floor_s, host_s, _ = self._finish(batch, mode, 0.0)
             families = tuple(self._fixed_families(run_tokens, n).items())
-            fixed = self._decode_steps[n] = (floor.gpu_s, floor.host_s, families, sum(s for _, s in families),
-                                             self._token_s(run_tokens) + self._smp_total[n])
+            fixed = self._decode_steps[n] = (floor_s, host_s, families, sum(s for _, s in families),
+                                             self._token_s(run_tokens) + self._sampled_s(n))
         return fixed
 
     # -- assembly -------------------------------------------------------------------------
@@ -330,6 +357,22 @@ class StepPricer:
             total = self._tok_total[tokens]
         return total
 
+    def _sampled_s(self, sampled: int) -> float:
+        """Seconds of the LM head, logits gather and sampler kernels of a step sampling `sampled` rows (its
+        table block priced on first use)."""
+        total = self._smp_total[sampled]
+        if total is None:
+            start = (sampled - 1) // SAMPLED_BLOCK * SAMPLED_BLOCK + 1
+            stop = min(start + SAMPLED_BLOCK, len(self._smp_total))
+            seconds, joules = self._tables(sampled_kernels(self.model, self.parallel, np.arange(start, stop),
+                                                           self.shard))
+            block = seconds[:, 1:]
+            self._smp[:, start:stop] = block
+            self._smp_j[:, start:stop] = joules[:, 1:]
+            self._smp_total[start:stop] = block.sum(axis=0).tolist()
+            total = self._smp_total[sampled]
+        return total
+
     def _fixed_families(self, run_tokens: int, sampled: int, joules: bool = False) -> dict:
         """Seconds (joules=True: joules) per family of the kernels that depend on the token count and sampled
         rows only, in breakdown()'s order (token-wise families, then the LM head's and sampler's added);
@@ -340,6 +383,7 @@ class StepPricer:
         family = memo.get((run_tokens, sampled))
         if family is None:
             self._token_s(run_tokens)
+            self._sampled_s(sampled)
             family = dict(self._row(tok, tok_rows, run_tokens))
             for name, seconds in self._row(smp, smp_rows, sampled):
                 family[name] = family.get(name, 0.0) + seconds
@@ -366,7 +410,8 @@ class StepPricer:
             return "eager", tokens
         return "piecewise", graph.padded(tokens)
 
-    def _finish(self, batch: StepBatch, mode: str, kernel_s: float) -> StepTime:
+    def _finish(self, batch: StepBatch, mode: str, kernel_s: float) -> tuple[float, float, float]:
+        """StepTime's (gpu_s, host_s, total_s) of a step whose kernels take kernel_s."""
         host = self.engine.host
         if self.flat:
             attention_launches = self._flat_launches
@@ -384,52 +429,92 @@ class StepPricer:
         host_s = (host.step_overhead_us + host.per_request_us * batch.num_seqs
                   + (host.sampler_us if batch.num_sampled else 0.0)) * US
         total = max(gpu, host_s) if host.async_scheduling else gpu + host_s
-        return StepTime(gpu, host_s, total)
+        return gpu, host_s, total
 
-    def _attention(self, batch: StepBatch, joules: bool = False) -> tuple[float, float]:
-        """(prefill, decode) attention seconds (joules=True: joules) of the step, from the interpolated
-        tables (flat masked attention: one step total, shared by the prefill and decode query tokens)."""
+    def _attention(self, batch: StepBatch, joules: bool = False) -> tuple[float, float, float, float]:
+        """(prefill, decode) attention seconds of the step, then the same in joules (0 unless joules=True), from
+        the interpolated tables (flat masked attention: one step total, shared by the prefill and decode query
+        tokens)."""
         if self.flat:
-            total = self._flat_seconds(batch.num_tokens, flat_kv_tokens(batch), joules)
+            total, total_j = self._flat_prices(batch.num_tokens, flat_kv_tokens(batch), joules)
             share = batch.num_prefill_tokens / batch.num_tokens
-            return total * share, total * (1 - share)
-        prefill = decode = 0.0
+            return total * share, total * (1 - share), total_j * share, total_j * (1 - share)
+        prefill = decode = prefill_j = decode_j = 0.0
         for i, kind in enumerate(self.kinds):
             if batch.prefill_new:
-                rows = chunk_rows(batch.prefill_new, batch.prefill_ctx, kind.chunk)
-                prefill += kind.count * sum(self._prefill_seconds(i, n, c, joules) for n, c in zip(*rows))
+                rows = [self._prefill_prices(i, n, c, joules) for n, c in
+                        zip(*chunk_rows(batch.prefill_new, batch.prefill_ctx, kind.chunk))]
+                prefill += kind.count * sum(seconds for seconds, _ in rows)
+                if joules:
+                    prefill_j += kind.count * sum(row_j for _, row_j in rows)
             if batch.decode_ctx:
-                decode += kind.count * self._decode_seconds(i, len(batch.decode_ctx),
-                                                            decode_mean_kv(batch.decode_ctx, kind), joules)
-        return prefill, decode
+                seconds, seconds_j = self._decode_prices(i, len(batch.decode_ctx),
+                                                         decode_mean_kv(batch.decode_ctx, kind), joules)
+                decode += kind.count * seconds
+                if joules:
+                    decode_j += kind.count * seconds_j
+        return prefill, decode, prefill_j, decode_j
 
-    def _decode_seconds(self, kind: int, n: int, mean_kv: int, joules: bool = False) -> float:
+    def _decode_prices(self, kind: int, n: int, mean_kv: int, joules: bool) -> tuple[float, float]:
+        """(seconds, joules: 0 unless asked for) of the kind's decode attention of n sequences at mean KV length
+        mean_kv: linear in the table between its KV-grid points, exact beyond them."""
         grid = self._kv_grid
         if mean_kv > grid[-1]:
-            return self._exact(self._decode_call(kind, n, mean_kv), joules)
-        return _lerp(grid, (self._decode_joules(kind, n) if joules else self._decode_table(kind, n))[0], mean_kv)
+            seconds, seconds_j = self._exact(self._decode_call(kind, n, mean_kv))
+            return seconds, seconds_j if joules else 0.0
+        i, w = _bracket(grid, mean_kv)
+        table = self._decode_table(kind, n, i, i + 1)
+        values = table.seconds
+        seconds = values[i] + (values[i + 1] - values[i]) * w
+        if not joules:
+            return seconds, 0.0
+        values = table.joules
+        return seconds, values[i] + (values[i + 1] - values[i]) * w
 
-    def _decode_table(self, kind: int, n: int) -> tuple[list[float], np.ndarray]:
-        """Decode attention of n sequences (one launch) at each KV length of the grid, as a list and an
-        array, built on first use (its joules too)."""
-        table = self._decode[kind].get(n)
+    def _decode_table(self, kind: int, n: int, first: int, last: int) -> _DecodeTable:
+        """Decode attention of n sequences (one launch) on the KV grid, its points first..last priced: their
+        blocks of DECODE_BLOCK points are priced on first use, for n's group of batch sizes in one predictor
+        call (a run meets few KV lengths, and batch sizes drift by one; every point is priced on its own, so
+        a block equals that part of the whole table)."""
+        tables = self._decode[kind]
+        table = tables.get(n)
         if table is None:
-            values, joules = self._price_j([self._decode_call(kind, n, self._kv_grid_array)])[0]
-            table = self._decode[kind][n] = (values.tolist(), values)
-            self._decode_j[kind][n] = (joules.tolist(), joules)
+            for size in self._decode_group(n):
+                tables.setdefault(size, _DecodeTable(len(self._kv_grid)))
+            table = tables[n]
+        low, high = first // DECODE_BLOCK, last // DECODE_BLOCK
+        priced = table.priced
+        if priced[low] and priced[high] and (high - low < 2 or all(priced[low:high])):
+            return table
+        for block in range(low, high + 1):
+            if not priced[block]:
+                sizes = [size for size in self._decode_group(n) if not tables[size].priced[block]]
+                start = block * DECODE_BLOCK
+                kv = self._kv_grid_array[start:start + DECODE_BLOCK]
+                for size, prices in zip(sizes, self._price_j([self._decode_call(kind, size, kv) for size in sizes])):
+                    tables[size].fill(start, *prices)
+                    tables[size].priced[block] = True
         return table
 
-    def _decode_joules(self, kind: int, n: int) -> tuple[list[float], np.ndarray]:
-        """_decode_table in joules."""
-        self._decode_table(kind, n)
-        return self._decode_j[kind][n]
+    def _decode_group(self, n: int) -> range:
+        """The batch sizes whose decode tables are priced with n's: its group of DECODE_GROUP, to max_num_seqs."""
+        start = (n - 1) // DECODE_GROUP * DECODE_GROUP + 1
+        return range(start, max(n + 1, min(start + DECODE_GROUP, self.engine.scheduler.max_num_seqs + 1)))
 
-    def _flat_seconds(self, q_tokens: int, kv_tokens: int, joules: bool = False) -> float:
-        """Flat masked attention of a step, all layers: per query-token count, a table over KV tokens
-        (>= the query tokens: each query's own key is gathered too), interpolated linearly."""
+    def _flat_prices(self, q_tokens: int, kv_tokens: int, joules: bool) -> tuple[float, float]:
+        """(seconds, joules: 0 unless asked for) of a step's flat masked attention, all layers: per query-token
+        count, a table over KV tokens (>= the query tokens: each query's own key is gathered too), interpolated
+        linearly."""
         if kv_tokens >= self._flat_grid[-1]:
-            return float(self._flat_total(q_tokens, np.asarray([kv_tokens]), joules)[0])
-        return _lerp(*(self._flat_joules(q_tokens) if joules else self._flat_table(q_tokens))[:2], kv_tokens)
+            seconds, seconds_j = self._flat_totals(q_tokens, np.asarray([kv_tokens]))
+            return float(seconds[0]), float(seconds_j[0]) if joules else 0.0
+        grid, values = self._flat_table(q_tokens)[:2]
+        i, w = _bracket(grid, kv_tokens)
+        seconds = values[i] + (values[i + 1] - values[i]) * w
+        if not joules:
+            return seconds, 0.0
+        values = self._flat_joules(q_tokens)[1]
+        return seconds, values[i] + (values[i + 1] - values[i]) * w
 
     def _flat_table(self, q_tokens: int) -> tuple:
         """(KV-token grid, step seconds) of flat masked attention over q_tokens query tokens as lists, then as
@@ -447,12 +532,8 @@ class StepPricer:
         self._flat_table(q_tokens)
         return self._flat_j[q_tokens]
 
-    def _flat_total(self, q_tokens: int, kv_tokens: np.ndarray, joules: bool = False) -> np.ndarray:
-        """Seconds (joules=True: joules) of a step's flat masked attention kernels (all layers) per entry of
-        kv_tokens."""
-        return self._flat_totals(q_tokens, kv_tokens)[1 if joules else 0]
-
     def _flat_totals(self, q_tokens: int, kv_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds and joules of a step's flat masked attention kernels (all layers) per entry of kv_tokens."""
         calls = flat_attention_kernels(self.model, self.shard, q_tokens, kv_tokens,
                                        self.engine.attention.flat_slowdown)
         priced = self._price_j(calls)
@@ -469,35 +550,42 @@ class StepPricer:
         call = prefill_call(self.model, self.shard, new, cached, self.kinds[kind])
         return KernelCall(call.name, call.family, call.cols, 1)
 
-    def _prefill_seconds(self, kind: int, new: int, cached: int, joules: bool = False) -> float:
-        """One prefill row (a chunked kind's rows are already cut at its chunks); joules=True: its joules."""
+    def _prefill_prices(self, kind: int, new: int, cached: int, joules: bool) -> tuple[float, float]:
+        """(seconds, joules: 0 unless asked for) of one prefill row (a chunked kind's rows are already cut at its
+        chunks): bilinear in the table between its grid points, exact beyond them."""
         news, prefixes = self._new_grid, self._prefix_grid
         if new > news[-1] or cached > prefixes[-1]:
-            return self._exact(self._prefill_call(kind, [new], [cached]), joules)
+            seconds, seconds_j = self._exact(self._prefill_call(kind, [new], [cached]))
+            return seconds, seconds_j if joules else 0.0
         i, wi = _bracket(news, new)
         j, wj = _bracket(prefixes, cached)
-        table = (self._prefill_j if joules else self._prefill)[kind]
-        if table[i] is None or table[i + 1] is None:
+        table = self._prefill[kind]
+        seconds = _bilinear(table[i], table[i + 1], j, wj, wi)
+        if seconds != seconds:  # NaN: a block around the point is not priced yet
             for r in (i, i + 1):
-                self._prefill_block(kind, r)
-        row0, row1 = table[i], table[i + 1]
-        low = row0[j] + (row0[j + 1] - row0[j]) * wj
-        high = row1[j] + (row1[j + 1] - row1[j]) * wj
-        return low + (high - low) * wi
+                for c in (j, j + 1):
+                    self._prefill_block(kind, r, c)
+            seconds = _bilinear(table[i], table[i + 1], j, wj, wi)
+        if not joules:
+            return seconds, 0.0
+        table = self._prefill_j[kind]
+        return seconds, _bilinear(table[i], table[i + 1], j, wj, wi)
 
-    def _prefill_block(self, kind: int, row: int) -> None:
-        """Price the block of PREFILL_BLOCK new-token rows of the kind's prefill table that holds `row` (all
-        prefixes; seconds and joules), unless done: a run touches few prompt sizes, and every row is priced
-        on its own, so a block equals that part of the whole table."""
-        if self._prefill[kind][row] is not None:
+    def _prefill_block(self, kind: int, row: int, column: int) -> None:
+        """Price the block of PREFILL_BLOCK new-token rows x PREFIX_BLOCK prefixes of the kind's prefill table
+        that holds (row, column) (seconds and joules), unless done: a run touches few prompt sizes and
+        prefixes, and every point is priced on its own, so a block equals that part of the whole table."""
+        block = (row // PREFILL_BLOCK, column // PREFIX_BLOCK)
+        if block in self._prefill_priced[kind]:
             return
         news, prefixes = self._new_grid, self._prefix_grid
-        start = row // PREFILL_BLOCK * PREFILL_BLOCK
-        stop = min(start + PREFILL_BLOCK, len(news))
-        call = self._prefill_call(kind, np.repeat(news[start:stop], len(prefixes)), np.tile(prefixes, stop - start))
-        seconds, energy = self._price_j([call])[0]
-        self._prefill[kind][start:stop] = seconds.reshape(stop - start, len(prefixes)).tolist()
-        self._prefill_j[kind][start:stop] = energy.reshape(stop - start, len(prefixes)).tolist()
+        start, first = block[0] * PREFILL_BLOCK, block[1] * PREFIX_BLOCK
+        rows, columns = news[start:start + PREFILL_BLOCK], prefixes[first:first + PREFIX_BLOCK]
+        call = self._prefill_call(kind, np.repeat(rows, len(columns)), np.tile(columns, len(rows)))
+        for table, values in zip((self._prefill[kind], self._prefill_j[kind]), self._price_j([call])[0]):
+            for r, priced in enumerate(values.reshape(len(rows), len(columns)).tolist(), start):
+                table[r][first:first + len(columns)] = priced
+        self._prefill_priced[kind].add(block)
 
     # -- predictor calls ---------------------------------------------------------------------
     def _price(self, calls: list[KernelCall]) -> list[np.ndarray]:
@@ -609,8 +697,10 @@ class StepPricer:
             engine_model[covered] = f"vLLM all-reduce measured on {self.measured_allreduce.device}"
         return out, engine_model
 
-    def _exact(self, call: KernelCall, joules: bool = False) -> float:
-        return float(self._price_j([call])[0][1 if joules else 0].sum())
+    def _exact(self, call: KernelCall) -> tuple[float, float]:
+        """(seconds, joules) of a call, priced by the predictor."""
+        seconds, joules = self._price_j([call])[0]
+        return float(seconds.sum()), float(joules.sum())
 
     def _table(self, calls: list[KernelCall]) -> np.ndarray:
         """families x (0..N) seconds per step: sum of count x per-row time of the calls (rows = sizes)."""
@@ -667,15 +757,23 @@ def _bracket(grid: list[int], x: int) -> tuple[int, float]:
     return i, (x - grid[i]) / (grid[i + 1] - grid[i])
 
 
-def _lerp(grid: list[int], values: list[float], x: int) -> float:
-    i, w = _bracket(grid, x)
-    return values[i] + (values[i + 1] - values[i]) * w
+def _bilinear(row0: list[float], row1: list[float], j: int, wj: float, wi: float) -> float:
+    """Between rows row0 and row1 (weight wi), each between its columns j and j + 1 (weight wj)."""
+    low = row0[j] + (row0[j + 1] - row0[j]) * wj
+    high = row1[j] + (row1[j + 1] - row1[j]) * wj
+    return low + (high - low) * wi
 
 
-def _lerp_array(g: np.ndarray, v: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """_lerp at every entry of x (grid g and values v as arrays), with the same floating-point operations."""
-    i = np.minimum(np.maximum(np.searchsorted(g, x, side="right") - 1, 0), len(g) - 2)
-    return v[i] + (v[i + 1] - v[i]) * ((x - g[i]) / (g[i + 1] - g[i]))
+def _bracket_array(g: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """_bracket at every entry of x (grid g as an array), with the same floating-point operations."""
+    i = np.minimum(np.maximum(g.searchsorted(x, side="right") - 1, 0), len(g) - 2)
+    return i, (x - g[i]) / (g[i + 1] - g[i])
+
+
+def _lerp_at(v: np.ndarray, i: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Values v (an array on a grid) linear between the grid points, at indices and weights from
+    _bracket_array (a step's lookups' operations); tables on one grid share one bracketing."""
+    return v[i] + (v[i + 1] - v[i]) * w
 
 
 def _decode_mean_kv_run(decode_ctx: np.ndarray, kind: AttentionKind, step: np.ndarray) -> np.ndarray:

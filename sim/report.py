@@ -196,7 +196,7 @@ class BreakdownAccumulator:
             acc[name] = acc.get(name, 0.0) + seconds * steps
         attention = (prices.attention_family, prices.attention_s[:steps])
         for name, values in (attention, ("launch", prices.launch_s[:steps])):
-            if values.any():  # as breakdown() lists a family only in steps where it takes time
+            if np.count_nonzero(values):  # as breakdown() lists a family only in steps where it takes time
                 acc[name] = acc.get(name, 0.0) + float(values.sum())
         self.phase["prefill"] = self.phase.get("prefill", 0.0)
         self.phase["decode"] = self.phase.get("decode", 0.0) + float(prices.decode_phase_s[:steps].sum())

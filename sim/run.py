@@ -251,18 +251,22 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
     check_seed(seed)
     whole_number(trace_steps, "trace_steps", 0, hint="steps in trace.json")
     whole_number(trace_kernel_steps, "trace_kernel_steps", 0, hint="of which the first show their kernels")
+    intervals = intervals and tier != "roofline"
+    # with intervals, one predictor keeps its predictions: the runs at both ends reuse the central run's
+    predictor = Predictor(hardware.on_network(parallel.net_gbs_per_gpu), tier=tier, bundle=bundle,
+                          memo=True) if intervals else None
     setup = build_setup(model, hardware, engine, parallel, workload, tier=tier, bundle=bundle,
                         max_model_len=max_model_len, allow_long_max_model_len=allow_long_max_model_len,
-                        energy=energy)
+                        energy=energy, predictor=predictor)
     slo_ms = check_slo(slo)
     if num_requests is None and setup.workload.trace is None:
         raise KernelsightError("num_requests=null only replays a whole trace; synthetic workloads need a count")
     result = run(setup, num_requests, seed, router, slo_ms, out_dir, trace_steps, trace_kernel_steps, breakdown,
                  keep_requests, progress, fast_forward)
-    if intervals and tier != "roofline":
-        ends = [run(build_setup(model, hardware, engine, parallel, workload, tier=tier, bundle=bundle,
-                                max_model_len=max_model_len, allow_long_max_model_len=allow_long_max_model_len,
-                                energy=False, band=band), num_requests, seed, router, slo_ms, breakdown=False,
-                    fast_forward=fast_forward).summary for band in ("p10", "p90")]
+    if intervals:
+        ends = [run(build_setup(model, hardware, engine, parallel, workload, max_model_len=max_model_len,
+                                allow_long_max_model_len=allow_long_max_model_len, energy=False,
+                                predictor=predictor.with_band(band)), num_requests, seed, router, slo_ms,
+                    breakdown=False, fast_forward=fast_forward).summary for band in ("p10", "p90")]
         result.summary["intervals"] = {key: sorted(float(end[key]) for end in ends) for key in INTERVAL_METRICS}
     return result

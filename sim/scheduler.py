@@ -128,14 +128,16 @@ class DecodeRun:
         """(step, index into slots) of every KV block the first `steps` steps take, in the order the scheduler
         takes them (by step, then running order): one whenever a request's token starts a new block."""
         first = self.flim - 1 - self.comp       # the step whose token is the first past a request's blocks
-        index = np.flatnonzero(first < steps)
+        index = (first < steps).nonzero()[0]
         first = first[index]
         count = (steps - 1 - first) // block_size + 1
-        if len(index) and count.max() > 1:
-            nth = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
-            index = np.repeat(index, count)
-            first = np.repeat(first, count) + block_size * nth
-        order = np.lexsort((index, first))
+        if np.count_nonzero(count > 1):
+            nth = np.arange(count.sum()) - (count.cumsum() - count).repeat(count)
+            index = index.repeat(count)
+            first = first.repeat(count) + block_size * nth
+        if len(index) < 2:
+            return first, index
+        order = first.argsort(kind="stable")   # index never decreases: by step, then running order
         return first[order], index[order]
 
 
@@ -238,14 +240,14 @@ class Scheduler:
         left = self._olen[o] - out - ph     # tokens not scheduled yet
         target = prompt + out + ph if cfg.async_scheduling else prompt + out   # as in _schedule_running
         # one token each: not a prefill chunk, not waiting for a token in flight (pipeline), no KV call due
-        if ((target - comp != 1) | (comp < prompt) | (comp >= flim) | (left < 1)).any():
+        if np.count_nonzero((target - comp != 1) | (comp < prompt) | (comp >= flim) | (left < 1)):
             return None
         return DecodeRun(o, comp, flim, int(left.min()), self._slot_req)
 
     def finishes(self, step: ScheduledStep) -> bool:
         """Whether the step's completion finishes a request."""
         s = step.sampling
-        return bool((self._out[s] + 1 >= self._olen[s]).any())
+        return bool(np.count_nonzero(self._out[s] + 1 >= self._olen[s]))
 
     def advance(self, run: DecodeRun, scheduled: int, done: np.ndarray, grown: list, itl=None) -> None:
         """Apply the first `scheduled` steps of a run as schedule() would, and the completions of its first
@@ -265,10 +267,11 @@ class Scheduler:
         self._out[o] += c
         last = self._last[o]
         had = last >= 0
+        every = np.count_nonzero(had) == len(o)   # every request had a token before
         if itl is not None:
-            itl.add_array(done[0] - (last if had.all() else last[had]))
+            itl.add_array(done[0] - (last if every else last[had]))
             itl.add_repeated(done[1:] - done[:-1], len(o))
-        if not had.all():
+        if not every:
             self._first[o[~had]] = done[0]
         self._last[o] = done[-1]
 
@@ -294,7 +297,7 @@ class Scheduler:
             total = int(n.sum())
         new_comp = comp + n
         # KV-manager work: any chunk of more than one token, and decodes reaching fast_limit.
-        slow = np.flatnonzero(n > (new_comp < self._flim[o])).tolist()
+        slow = (n > (new_comp < self._flim[o])).nonzero()[0].tolist()
         m = len(o)
         if slow:
             comp_l, known_l, n_l, target_l = comp.tolist(), known.tolist(), n.tolist(), target.tolist()
@@ -431,9 +434,10 @@ class Scheduler:
         self._out[s] = out
         last = self._last[s]
         had = last >= 0
+        every = np.count_nonzero(had) == len(s)   # every sampling request had a token before
         if itl is not None:
-            itl.add_array(now - last[had])
-        if not had.all():
+            itl.add_array(now - (last if every else last[had]))
+        if not every:
             self._first[s[~had]] = now
         self._last[s] = now
         done = s[out >= self._olen[s]]

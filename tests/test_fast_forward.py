@@ -19,10 +19,10 @@ import pytest
 from kernelsight.sim.batch import StepBatch
 from kernelsight.sim.compose import compose, typed_configs, workload_config
 from kernelsight.sim.engine import Engine, build_replicas
-from kernelsight.sim.graph import token_kernels
+from kernelsight.sim.graph import sampled_kernels, token_kernels
 from kernelsight.sim.kv_cache import KVCacheManager
 from kernelsight.sim.metrics import StreamingDistribution
-from kernelsight.sim.pricing import StepTime
+from kernelsight.sim.pricing import DECODE_BLOCK, PREFIX_BLOCK, StepTime
 from kernelsight.sim.run import build_setup, run
 from kernelsight.sim.scheduler import SchedulerConfig
 from kernelsight.sim.workload import Workload, WorkloadConfig
@@ -178,7 +178,7 @@ def test_blocks_filled_by_decodes_cached_at_free_change_nothing(monkeypatch, asy
 @pytest.mark.parametrize("groups", [None, {"model": "gemma2-9b"}, {"engine": "transformers_cb"}],
                          ids=["dense", "sliding_window", "flat_attention"])
 def test_a_decode_run_is_priced_as_each_of_its_steps(groups):
-    """pricer.decode_run equals step_time and breakdown() of every step's batch, to the last bit."""
+    """pricer.decode_run equals step_time and breakdown() (joules too) of every step's batch, to the last bit."""
     pricer = setup_of(groups).pricer
     rng = np.random.default_rng(1)
     for n, steps in ((1, 40), (7, 300), (130, 25)):
@@ -195,6 +195,11 @@ def test_a_decode_run_is_priced_as_each_of_its_steps(groups):
                 family["launch"] = parts.launch_s[j]
             assert (parts.gpu_s[j], family, parts.decode_phase_s[j]) == (bd["gpu_s"], bd["family"],
                                                                         bd["phase"]["decode"])
+            energy = dict(parts.energy_families)
+            energy["attn_decode"] = energy.get("attn_decode", 0.0) + parts.attention_j[j]
+            if parts.launch_s[j]:
+                energy["launch"] = parts.launch_j[j]
+            assert energy == bd["energy"]
 
 
 def test_token_table_priced_in_blocks_equals_the_whole_table():
@@ -202,3 +207,36 @@ def test_token_table_priced_in_blocks_equals_the_whole_table():
     whole = pricer._table(token_kernels(pricer.model, pricer.parallel, pricer.engine,
                                         np.arange(1, pricer.max_tokens + 1), pricer.shard))
     assert [pricer._token_s(t) for t in range(1, pricer.max_tokens + 1)] == whole.sum(axis=0)[1:].tolist()
+
+
+def test_sampled_table_priced_in_blocks_equals_the_whole_table():
+    pricer = setup_of().pricer
+    sizes = np.arange(1, pricer.engine.scheduler.max_num_seqs + 1)
+    whole = pricer._table(sampled_kernels(pricer.model, pricer.parallel, sizes, pricer.shard))
+    assert [pricer._sampled_s(n) for n in sizes.tolist()] == whole.sum(axis=0)[1:].tolist()
+
+
+@pytest.mark.parametrize("groups", [None, {"model": "gpt-oss-120b", "parallel": "tp8"},
+                                    {"model": "llama4-scout", "parallel": "tp8"}],
+                         ids=["dense", "sliding_window", "chunked"])
+def test_attention_tables_priced_in_blocks_equal_the_whole_tables(groups):
+    """Decode tables priced a block of KV lengths at a time for groups of batch sizes, and prefill tables a
+    block of new-token counts x prefixes at a time, equal each kind's table priced whole (seconds and joules)."""
+    pricer = setup_of(groups).pricer
+    grid, news, prefixes = pricer._kv_grid_array, pricer._new_grid, pricer._prefix_grid
+    for kind in range(len(pricer.kinds)):
+        for n in (1, 7, 8, 9, 130):
+            table = pricer._decode_table(kind, n, 3 * DECODE_BLOCK - 1, 3 * DECODE_BLOCK)  # two blocks
+            whole = [v.tolist() for v in pricer._price_j([pricer._decode_call(kind, n, grid)])[0]]
+            priced = [j for j in range(len(grid)) if table.priced[j // DECODE_BLOCK]]
+            assert len(priced) == 2 * DECODE_BLOCK
+            for values, expected in ((table.seconds, whole[0]), (table.joules, whole[1])):
+                assert [values[j] for j in priced] == [expected[j] for j in priced]
+        for row, column in ((0, 0), (37, 9), (len(news) - 1, len(prefixes) - 1)):
+            pricer._prefill_block(kind, row, column)
+            call = pricer._prefill_call(kind, np.full(len(prefixes), news[row]), np.asarray(prefixes))
+            whole = [v.tolist() for v in pricer._price_j([call])[0]]
+            block = range(column // PREFIX_BLOCK * PREFIX_BLOCK, min(len(prefixes), (column // PREFIX_BLOCK + 1) *
+                                                                     PREFIX_BLOCK))
+            for table, expected in ((pricer._prefill, whole[0]), (pricer._prefill_j, whole[1])):
+                assert [table[kind][row][c] for c in block] == [expected[c] for c in block]

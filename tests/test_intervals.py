@@ -195,3 +195,32 @@ def test_simulate_gives_each_latency_its_range_from_the_kernel_intervals():
     text = format_summary(s, "title")
     lo, hi = s["intervals"]["mean_tpot_ms"]
     assert f"{_fmt(s['mean_tpot_ms'])} ({_fmt(lo)}-{_fmt(hi)})" in text
+
+
+def test_the_runs_at_the_interval_ends_price_from_the_central_runs_predictions_unchanged():
+    """simulate(intervals=True) keeps the central run's predictions (Predictor(memo=True)) and prices both ends
+    with them (with_band): the same ranges as runs from predictors of their own band, and each kernel is
+    predicted once."""
+    import warnings
+
+    import kernelsight
+    from kernelsight.sim.compose import compose, typed_configs, workload_config
+    from kernelsight.sim.run import INTERVAL_METRICS, build_setup, run
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        shared = kernelsight.simulate(num_requests=60).summary["intervals"]
+        cfg, sources = compose(None, None)
+        ends = [run(build_setup(*typed_configs(cfg, sources), workload_config(cfg), energy=False, band=band), 60,
+                    seed=0, breakdown=False).summary for band in ("p10", "p90")]
+    assert shared == {key: sorted(float(end[key]) for end in ends) for key in INTERVAL_METRICS}
+    cols = {"m": np.array([64, 4096]), "n": np.array([4096, 4096]), "k": np.array([4096, 4096]),
+            "dtype": np.array(["bf16", "bf16"], dtype=object)}
+    memo = Predictor("h100_sxm", memo=True)
+    central = memo.predict(cols, family="gemm")
+    for band in ("p10", "p90"):
+        own = Predictor("h100_sxm", band=band).predict(cols, family="gemm")["seconds"]
+        assert memo.with_band(band).predict(cols, family="gemm")["seconds"].tolist() == own.tolist()
+    assert memo.predict(cols, family="gemm")["seconds"].tolist() == central["seconds"].tolist()
+    assert len(memo._memo) == 1 and not central["seconds"].flags.writeable
+
