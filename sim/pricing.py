@@ -346,15 +346,8 @@ class StepPricer:
         on first use)."""
         total = self._tok_total[tokens]
         if total is None:
-            start = (tokens - 1) // TOKEN_BLOCK * TOKEN_BLOCK + 1
-            stop = min(start + TOKEN_BLOCK, self.max_tokens + 1)
-            calls = token_kernels(self.model, self.parallel, self.engine, np.arange(start, stop), self.shard)
-            seconds, joules = self._tables(calls)
-            block = seconds[:, 1:]
-            self._tok[:, start:stop] = block
-            self._tok_j[:, start:stop] = joules[:, 1:]
-            self._tok_total[start:stop] = block.sum(axis=0).tolist()
-            total = self._tok_total[tokens]
+            total = self._price_block(tokens, TOKEN_BLOCK, self._tok, self._tok_j, self._tok_total, lambda sizes:
+                                      token_kernels(self.model, self.parallel, self.engine, sizes, self.shard))
         return total
 
     def _sampled_s(self, sampled: int) -> float:
@@ -362,16 +355,22 @@ class StepPricer:
         table block priced on first use)."""
         total = self._smp_total[sampled]
         if total is None:
-            start = (sampled - 1) // SAMPLED_BLOCK * SAMPLED_BLOCK + 1
-            stop = min(start + SAMPLED_BLOCK, len(self._smp_total))
-            seconds, joules = self._tables(sampled_kernels(self.model, self.parallel, np.arange(start, stop),
-                                                           self.shard))
-            block = seconds[:, 1:]
-            self._smp[:, start:stop] = block
-            self._smp_j[:, start:stop] = joules[:, 1:]
-            self._smp_total[start:stop] = block.sum(axis=0).tolist()
-            total = self._smp_total[sampled]
+            total = self._price_block(sampled, SAMPLED_BLOCK, self._smp, self._smp_j, self._smp_total, lambda sizes:
+                                      sampled_kernels(self.model, self.parallel, sizes, self.shard))
         return total
+
+    def _price_block(self, size: int, block: int, seconds_table: np.ndarray, joules_table: np.ndarray,
+                     totals: list, kernels) -> float:
+        """totals[size] after pricing the block of `block` sizes holding it into the family x size tables
+        (kernels(sizes): the block's kernel calls); each size is priced on its own, so a block equals that
+        part of the whole table."""
+        start = (size - 1) // block * block + 1
+        stop = min(start + block, len(totals))
+        seconds, joules = self._tables(kernels(np.arange(start, stop)))
+        seconds_table[:, start:stop] = seconds[:, 1:]
+        joules_table[:, start:stop] = joules[:, 1:]
+        totals[start:stop] = seconds[:, 1:].sum(axis=0).tolist()
+        return totals[size]
 
     def _fixed_families(self, run_tokens: int, sampled: int, joules: bool = False) -> dict:
         """Seconds (joules=True: joules) per family of the kernels that depend on the token count and sampled
