@@ -73,8 +73,9 @@ def _check_band(band: str | None) -> str | None:
     return band
 
 
-def _column_key(value) -> tuple:
-    """A column of shapes as a memo key part: its dtype, shape and values."""
+def column_key(value) -> tuple:
+    """A column of shapes as a memo key part: its dtype, shape and values (an object column by its values,
+    not its pointers)."""
     a = np.asarray(value)
     return a.dtype.str, a.shape, tuple(a.ravel().tolist()) if a.dtype == object else a.tobytes()
 
@@ -214,7 +215,7 @@ class Predictor:
         if self._memo is None:
             out = self._predict_columns(shapes, family)
         else:
-            key = (family, tuple(sorted((name, _column_key(value)) for name, value in shapes.items())))
+            key = (family, tuple(sorted((name, column_key(value)) for name, value in shapes.items())))
             kept = self._memo.get(key)
             if kept is None:
                 kept = self._memo[key] = self._predict_columns(shapes, family)

@@ -30,7 +30,6 @@ from dataclasses import asdict, dataclass, field, replace
 from itertools import product
 from typing import Any, Callable, Iterable, Mapping
 
-
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.hardware import Hardware
 from kernelsight.predictor.predict import Predictor

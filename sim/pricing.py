@@ -49,6 +49,7 @@ import numpy as np
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.families import get_family
 from kernelsight.predictor.families.attention import Q_TILE
+from kernelsight.predictor.predict import column_key
 
 from .batch import StepBatch
 from .engine_profile import EngineProfile
@@ -463,12 +464,8 @@ class StepPricer:
             return seconds, seconds_j if joules else 0.0
         i, w = _bracket(grid, mean_kv)
         table = self._decode_table(kind, n, i, i + 1)
-        values = table.seconds
-        seconds = values[i] + (values[i + 1] - values[i]) * w
-        if not joules:
-            return seconds, 0.0
-        values = table.joules
-        return seconds, values[i] + (values[i + 1] - values[i]) * w
+        seconds = _lerp_at(table.seconds, i, w)
+        return seconds, _lerp_at(table.joules, i, w) if joules else 0.0
 
     def _decode_table(self, kind: int, n: int, first: int, last: int) -> _DecodeTable:
         """Decode attention of n sequences (one launch) on the KV grid, its points first..last priced: their
@@ -509,11 +506,8 @@ class StepPricer:
             return float(seconds[0]), float(seconds_j[0]) if joules else 0.0
         grid, values = self._flat_table(q_tokens)[:2]
         i, w = _bracket(grid, kv_tokens)
-        seconds = values[i] + (values[i + 1] - values[i]) * w
-        if not joules:
-            return seconds, 0.0
-        values = self._flat_joules(q_tokens)[1]
-        return seconds, values[i] + (values[i + 1] - values[i]) * w
+        seconds = _lerp_at(values, i, w)
+        return seconds, _lerp_at(self._flat_joules(q_tokens)[1], i, w) if joules else 0.0
 
     def _flat_table(self, q_tokens: int) -> tuple:
         """(KV-token grid, step seconds) of flat masked attention over q_tokens query tokens as lists, then as
@@ -638,9 +632,7 @@ class StepPricer:
     def _call_key(self, call: KernelCall) -> tuple:
         """What a call's prices depend on besides the predictor and GPU (the memo's owner): its family, shape
         columns and scale, whether joules are priced, and for all-reduces the engine's all-reduce models."""
-        cols = tuple(sorted((k, v if np.ndim(v) == 0 else
-                             (np.asarray(v).dtype.str, np.shape(v), np.asarray(v).tobytes()))
-                            for k, v in call.cols.items()))
+        cols = tuple(sorted((k, v if np.ndim(v) == 0 else column_key(v)) for k, v in call.cols.items()))
         engine = (repr(self.engine.allreduce), getattr(self.measured_allreduce, "device", None)) \
             if call.family == "allreduce" else ()
         return call.family, call.scale, self.power is not None, cols, engine
@@ -769,9 +761,10 @@ def _bracket_array(g: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return i, (x - g[i]) / (g[i + 1] - g[i])
 
 
-def _lerp_at(v: np.ndarray, i: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Values v (an array on a grid) linear between the grid points, at indices and weights from
-    _bracket_array (a step's lookups' operations); tables on one grid share one bracketing."""
+def _lerp_at(v, i, w):
+    """Values v (a list or an array on a grid) linear between the grid points, at the index and weight from
+    _bracket (a scalar) or _bracket_array (arrays): one step's lookup and a decode run's do the same
+    floating-point operations; tables on one grid share one bracketing."""
     return v[i] + (v[i + 1] - v[i]) * w
 
 

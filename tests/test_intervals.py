@@ -223,4 +223,3 @@ def test_the_runs_at_the_interval_ends_price_from_the_central_runs_predictions_u
         assert memo.with_band(band).predict(cols, family="gemm")["seconds"].tolist() == own.tolist()
     assert memo.predict(cols, family="gemm")["seconds"].tolist() == central["seconds"].tolist()
     assert len(memo._memo) == 1 and not central["seconds"].flags.writeable
-

@@ -18,7 +18,7 @@ from kernelsight.sim.vllm_allreduce import measured_allreduce
 from . import composition as comp
 from . import report as rep
 from .allreduce import custom_allreduce_rows, fit_custom_allreduce
-from .rows import DEPLOYMENTS
+from .rows import DEPLOYMENTS, fused_sizes
 from .run import ASYNC_DEFAULT_SINCE, FUSED_NORM_DEFAULT_SINCE, FUSED_NORM_MAX_MIB, RunSettings, Tier
 from .score import TierScore, Validation, excluded
 
@@ -52,8 +52,7 @@ def protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mappings
            f"rows of vLLM {'.'.join(map(str, FUSED_NORM_DEFAULT_SINCE))} or later at TP > 1 without PP or data "
            f"parallelism on CUDA {' / '.join(f'{m}.x' for m in FUSED_NORM_MAX_MIB)} GPUs fuse each all-reduce with "
            f"the residual add and RMSNorm after it (vLLM's -O2 fuse_allreduce_rms) up to vLLM 0.16's sizes: "
-           + "; ".join(f"CUDA {m}.x " + ", ".join(f"{mib:g} MiB at TP {tp[2:]}" for tp, mib in sizes.items())
-                       for m, sizes in FUSED_NORM_MAX_MIB.items()),
+           + "; ".join(f"CUDA {m}.x {fused_sizes(sizes)}" for m, sizes in FUSED_NORM_MAX_MIB.items()),
            "throughput (measured and predicted alike) = concurrency x osl / (TTFT + (osl - 1) x TPOT)"]
     for tier, exclude in tiers:
         for device in devices if "{device}" in str(tier.bundle) else devices[:1]:

@@ -192,6 +192,14 @@ def interval_coverage(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["tier", "metric", "rows", "inside %"])
 
 
+def references(name: str) -> str:
+    """The seed paper's figures and this project's targets for one validation set, as a report line."""
+    paper = SEED_PAPER.get(name)
+    seed = ", ".join(f"{tier} tier {trio(v)} %" for tier, v in paper.items()) if paper else "n/a (it has no such set)"
+    targets = ", ".join(f"{tier} tier <= {trio(v)} %" for tier, v in TARGETS[name].items())
+    return f"{name}: seed paper {seed}; targets {targets} (TPOT / TTFT / throughput)."
+
+
 def markdown_report(df: pd.DataFrame, head: pd.DataFrame, context: dict, plots: dict) -> str:
     """The full Markdown report; context carries the run's settings, fits and timings (see context.py)."""
     out = [f"# End-to-end validation: {context['csv']}", "",
@@ -199,10 +207,7 @@ def markdown_report(df: pd.DataFrame, head: pd.DataFrame, context: dict, plots: 
            f"Errors are 100 x (predicted / measured - 1); medians are of absolute errors unless marked signed.", ""]
     out += ["## Headline: median absolute error (%)", "",
             _md(head.assign(kind=head["kind"].map(KINDS)).rename(columns=METRIC_NAMES)), "",
-            *[f"{name}: seed paper " + (", ".join(f"{tier} tier {trio(v)} %" for tier, v in SEED_PAPER[name].items())
-                                         if name in SEED_PAPER else "n/a (it has no such set)")
-              + "; targets " + ", ".join(f"{tier} tier <= {trio(v)} %" for tier, v in TARGETS[name].items())
-              + " (TPOT / TTFT / throughput)." for name in dict.fromkeys(head["set"]) if name in TARGETS], ""]
+            *[references(name) for name in dict.fromkeys(head["set"]) if name in TARGETS], ""]
     covered = interval_coverage(df)
     if not covered.empty:
         out += ["## 80 % intervals: measured values inside the simulated range", "",

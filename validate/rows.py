@@ -193,6 +193,11 @@ INFERENCEMAX_BUDGET = 8192
 # vLLM 0.10's _FI_MAX_SIZES (compilation/collective_fusion.py): largest fused all-reduce + RMSNorm, MiB.
 INFERENCEMAX_FUSED_NORM_MIB = {"tp2": 1.0, "tp4": 1.0, "tp6": 0.5, "tp8": 0.5}
 
+
+def fused_sizes(sizes: dict) -> str:
+    """'1 MiB at TP 2, ...' of a fuse_rms_norm_max_mib mapping, for reports."""
+    return ", ".join(f"{mib:g} MiB at TP {tp[2:]}" for tp, mib in sizes.items())
+
 # How a row's engine was configured beyond the engine profile (run.deployment_engine applies it; the
 # report prints the description).
 DEPLOYMENTS = {
@@ -203,8 +208,7 @@ DEPLOYMENTS = {
     "inferencemax": f"SemiAnalysis InferenceMAX's vLLM recipe: max_num_batched_tokens = {INFERENCEMAX_BUDGET}, "
                     f"max_num_seqs = concurrency, async scheduling, all-reduce fused with the residual add and "
                     f"RMSNorm (enable_fi_allreduce_fusion; messages up to vLLM 0.10's limits: "
-                    + ", ".join(f"{mib:g} MiB at TP {tp[2:]}" for tp, mib in INFERENCEMAX_FUSED_NORM_MIB.items())
-                    + ")",
+                    f"{fused_sizes(INFERENCEMAX_FUSED_NORM_MIB)})",
 }
 
 
