@@ -51,12 +51,13 @@ def validate(cfg) -> pd.DataFrame:
     for _, why in v.refused:
         print(f"kernelsight validate: refused: {why}", file=sys.stderr)
     tiers = _tiers(cfg, v.devices)
-    store, total = RowStore(parts_dir(table)), len(v.rows) * len(tiers)
-    with on_interrupt(lambda: f"{store.kept} of {total} rows kept in {store.folder}/; run the same command "
-                              f"again to continue"):
+    store = RowStore(parts_dir(table))
+    # a row runs once per tier, and once per frontend candidate in the first tier (fit.frontend)
+    with on_interrupt(lambda: f"{store.kept} simulated row{'s' * (store.kept != 1)} kept in {store.folder}/; run "
+                              f"the same command again to continue"):
         df, scores = score(v, tiers, processes, progress_bars(cfg), store, bool(cfg.intervals))
         if store.reused:
-            print(f"reused {store.reused} of {total} rows simulated earlier with the same settings "
+            print(f"reused {store.reused} of {store.kept} rows simulated earlier with the same settings "
                   f"({store.folder}/)")
         rows = pd.concat([df.assign(refused=""), refused_frame(v)], ignore_index=True)  # refused rows last
         try:

@@ -93,10 +93,21 @@ class HostSettings:
 @dataclass(frozen=True)
 class FrontendSettings:
     """Client <-> scheduler path of a served engine (sim/engine.py): a sent request reaches the
-    scheduler latency_ms plus an exponential jitter of mean jitter_ms later, counted in TTFT."""
+    scheduler latency_ms plus an exponential jitter of mean jitter_ms later, counted in TTFT. An engine
+    with async scheduling uses async_latency_ms and async_jitter_ms instead (None: the same values): the two
+    loops form steps at different moments, so the delay that reproduces measured TTFT differs."""
 
     latency_ms: float
     jitter_ms: float
+    async_latency_ms: float | None = None
+    async_jitter_ms: float | None = None
+
+    def delay_ms(self, async_scheduling: bool) -> tuple[float, float]:
+        """(latency, mean jitter) in ms for an engine that schedules asynchronously or not."""
+        if not async_scheduling:
+            return self.latency_ms, self.jitter_ms
+        return (self.latency_ms if self.async_latency_ms is None else self.async_latency_ms,
+                self.jitter_ms if self.async_jitter_ms is None else self.async_jitter_ms)
 
 
 @dataclass(frozen=True)
@@ -208,6 +219,8 @@ _FIELDS = {
     "frontend": Spec("section", fields={
         "latency_ms": Spec("nonneg"),
         "jitter_ms": Spec("nonneg"),
+        "async_latency_ms": Spec("nonneg", default=None, nullable=True),
+        "async_jitter_ms": Spec("nonneg", default=None, nullable=True),
     }),
     "allreduce": Spec("section", fields={
         "measured": Spec("bool"),

@@ -73,10 +73,10 @@ class Setup:
 
     def new_engine(self, seed: int, router: str = "least_outstanding", **kwargs) -> Engine:
         """A fresh Engine over fresh replicas, with this setup's concurrency limit and frontend path."""
-        frontend = self.engine.frontend
+        latency_ms, jitter_ms = self.engine.frontend.delay_ms(self.engine.host.async_scheduling)
         kwargs.setdefault("max_concurrency", self.workload.max_concurrency)
         return Engine(self.replicas(), router, max_model_len=self.max_model_len,
-                      frontend_latency_s=frontend.latency_ms * 1e-3, frontend_jitter_s=frontend.jitter_ms * 1e-3,
+                      frontend_latency_s=latency_ms * 1e-3, frontend_jitter_s=jitter_ms * 1e-3,
                       seed=seed, **kwargs)
 
     def describe(self) -> str:

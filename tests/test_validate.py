@@ -177,7 +177,7 @@ def engine_map(frontend: dict | None = None, **host) -> dict:
     return engine
 
 
-NO_FRONTEND = {"latency_ms": 0.0, "jitter_ms": 0.0}
+NO_FRONTEND = {"latency_ms": 0, "jitter_ms": 0, "async_latency_ms": 0, "async_jitter_ms": 0}
 
 
 ROOFLINE = Tier("roofline", "roofline", None)

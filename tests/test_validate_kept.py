@@ -102,7 +102,7 @@ def test_ctrl_c_keeps_the_finished_rows_and_says_how_to_continue(tmp_path, capsy
     with pytest.raises(SystemExit) as e:
         validate(tmp_path, str(default_csv()), "rows=[1,2]")
     assert e.value.code == 130
-    assert capsys.readouterr().err == (f"kernelsight validate: interrupted: 1 of 2 rows kept in "
+    assert capsys.readouterr().err == (f"kernelsight validate: interrupted: 1 simulated row kept in "
                                        f"{tmp_path / 'rows.parts'}/; run the same command again to continue\n")
     monkeypatch.setattr(run, "simulate_row", simulate_row)
     validate(tmp_path, str(default_csv()), "rows=[1,2]")

@@ -20,7 +20,7 @@ from . import report as rep
 from .allreduce import custom_allreduce_rows, fit_custom_allreduce
 from .rows import DEPLOYMENTS, fused_sizes
 from .run import ASYNC_DEFAULT_SINCE, FUSED_NORM_DEFAULT_SINCE, FUSED_NORM_MAX_MIB, RunSettings, Tier
-from .score import TierScore, Validation, excluded
+from .score import TierScore, Validation, excluded, frontend_label
 
 
 def portable(path) -> str:
@@ -44,8 +44,9 @@ def protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mappings
     out = [f"closed loop at the row's concurrency, unique prompts; {rounds}; {start}",
            f"engine profile {engine.name}: max_num_batched_tokens {engine.scheduler.max_num_batched_tokens}, "
            f"max_num_seqs {engine.scheduler.max_num_seqs}, CUDA graphs {engine.cuda_graph.mode}, async scheduling "
-           f"{engine.host.async_scheduling}, frontend {engine.frontend.latency_ms:g} ms + exponential jitter of mean "
-           f"{engine.frontend.jitter_ms:g} ms (counted in TTFT)",
+           f"{engine.host.async_scheduling}, frontend {frontend_label(engine.frontend.delay_ms(False))} "
+           f"(latency + mean exponential jitter, counted in TTFT; "
+           f"{frontend_label(engine.frontend.delay_ms(True))} with async scheduling)",
            f"rows of vLLM {'.'.join(map(str, ASYNC_DEFAULT_SINCE))} or later (backend_version) run with async "
            f"scheduling, vLLM's default from that release on (vllm-project/vllm#27614); rows that do not state a "
            f"release run as the profile and their deployment say",
@@ -84,6 +85,24 @@ def sibling_note(tier: Tier, devices) -> str:
         return "; no die sibling in the bundle: cross-device models only"
     return (f"; kernels a die sibling's target model covers are priced from it ({'; '.join(notes)}), "
             f"the rest by the cross-device models")
+
+
+def frontend_lines(v: Validation, picks: dict | None, tier: str) -> list[str]:
+    """How the frontend delay was chosen (fit.frontend), and the picks: every row and each held-out model."""
+    if not picks:
+        return []
+    modes = " and ".join({"sync": "synchronous", "async": "asynchronous"}[m] for m in v.frontend_modes)
+    out = [f"Frontend delay (latency + mean exponential jitter) of {modes} rows chosen among "
+           f"{', '.join(frontend_label(c) for c in v.frontends)} (fit.frontend): the lowest median absolute TTFT "
+           f"error of the {tier} tier's rows of that scheduling mode, rows queueing for KV capacity left out, on "
+           f"every row (as simulated: in-sample) and on every model but one (held out: that model's rows run at "
+           f"it; the other tiers keep these picks). A mode not chosen runs at the profile's delay. Shipped profile "
+           f"(conf/engine): synchronous {frontend_label(v.engine.frontend.delay_ms(False))}, asynchronous "
+           f"{frontend_label(v.engine.frontend.delay_ms(True))}.", "",
+           "| chosen on | synchronous | asynchronous |", "|---|---|---|"]
+    out += [f"| {'all rows' if key == 'all rows' else f'all but {key}'} | {v.delay_label(p['sync'], False)} | "
+            f"{v.delay_label(p['async'], True)} |" for key, p in picks.items()]
+    return out + [""]
 
 
 def composition_lines(fits: dict, params, metrics, engine: EngineProfile, ar) -> list[str]:
@@ -126,7 +145,7 @@ def structure_lines(df: pd.DataFrame, warned: dict) -> list[str]:
         tpot_signed=("err_tpot_heldout", "median"), thr_signed=("err_throughput_heldout", "median"),
         first_token_group=("first_token_group", "median")).reset_index()
     below = first[first["tpot"] < first["tpot_floor"]]
-    queued = first[first["ttft"] > 10 * first.groupby("model_label")["ttft"].transform("median")]
+    queued = first[rep.queueing(first["ttft"], first["model_label"])]
     out = ["Median signed held-out errors (%) per model and prompt length (first tier); first_token_group: "
            "how many requests the simulated closed loop prefills in the same step (median over rows; 1 = "
            "staggered arrivals). TTFT follows it: a group shares one prefill step.", "", rep._md(by_isl), ""]
@@ -135,7 +154,7 @@ def structure_lines(df: pd.DataFrame, warned: dict) -> list[str]:
                "from the simulated setup): "
                + (", ".join(f"line {r.line} ({r.model_label} tp{r.tp} c{r.concurrency}: {r.tpot:.1f} < "
                             f"{r.tpot_floor:.1f} ms)" for r in below.itertuples()) or "none") + ".")
-    out.append("Rows with KV-capacity queueing (measured TTFT > 10 x the model's median): "
+    out.append(f"Rows with KV-capacity queueing (measured TTFT > {rep.QUEUEING_FACTOR} x the model's median): "
                + (", ".join(f"line {r.line} (measured {r.ttft:.0f} ms, predicted {r.ttft_heldout:.0f} ms)"
                             for r in queued.itertuples()) or "none") + ".")
     for tier, messages in warned.items():
@@ -154,7 +173,8 @@ def report_context(v: Validation, df: pd.DataFrame, tiers, scores: list[TierScor
     return {
         "csv": ", ".join(portable(c) for c in v.csvs), "rows": len(v.rows),
         "protocol": protocol_lines(v.settings, v.engine, tiers, v.mappings, v.num_requests, v.devices),
-        "composition": composition_lines(fits, v.params, v.metrics, v.engine, ar)
+        "composition": frontend_lines(v, scores[0].frontend, tiers[0][0].name)
+        + composition_lines(fits, v.params, v.metrics, v.engine, ar)
         + measured_allreduce_lines(v.engine, tiers, v.devices),
         "structure": structure_lines(df, warned),
         "run": [s.timing for s in scores] + [f"total {seconds:.0f} s; per-row table: {table}"],

@@ -31,6 +31,17 @@ TIER_TITLES = {"target": "target (η with the GPU's own kernel data)",
 README_START, README_END = "<!-- accuracy:start -->", "<!-- accuracy:end -->"
 
 
+# A row queues on KV capacity when its measured TTFT exceeds this many times its model's median.
+QUEUEING_FACTOR = 10
+
+
+def queueing(ttft, labels) -> np.ndarray:
+    """Per row: measured TTFT (ms) above QUEUEING_FACTOR x the median of its model's rows (`labels`): the
+    engine queued the request for KV capacity, and waiting, not the serving path, makes its TTFT."""
+    ttft = pd.Series(np.asarray(ttft, dtype=float))
+    return (ttft > QUEUEING_FACTOR * ttft.groupby(np.asarray(labels)).transform("median")).to_numpy()
+
+
 def trio(d: dict) -> str:
     """'TPOT / TTFT / throughput' of a {metric: %} mapping."""
     return " / ".join(f"{d[m]:g}" for m in ("tpot", "ttft", "throughput")) if d else "n/a"

@@ -11,7 +11,10 @@
    reused by a later run with the same settings);
 3. it scores the host terms of the engine profile (composition.py): the
    shipped values as simulated (fitted on every row: in-sample) and refitted
-   leave-one-model-out (held-out), exactly, from the step logs;
+   leave-one-model-out (held-out), exactly, from the step logs; with
+   candidate frontend delays (fit.frontend), the first tier simulates every row
+   at each and picks one per scheduling mode, on every row (as simulated) and
+   without each model (held out; choose_frontend), the other tiers reuse the picks;
 4. score combines the tiers with their errors and each row's TPOT floor.
 `kernelsight validate` (cli/validate.py) writes the report, plots and table.
 """
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -33,12 +36,13 @@ from kernelsight.sim.batch import StepBatch
 from kernelsight.sim.engine_profile import EngineProfile
 from kernelsight.sim.memory import memory_plan
 from kernelsight.sim.pricing import StepPricer
+from kernelsight.sim.schema import Spec, check, plain
 
 from . import composition as comp
 from . import report as rep
 from .cross_bundle import resolve_bundle
 from .rows import ModelMapping, model_for, parallel_for, parse_mappings, read_rows, throughput, with_protocol
-from .run import RunSettings, Tier, first_token_group, group_row, refusals, simulate_rows
+from .run import RunSettings, Tier, deployment_engine, first_token_group, group_row, refusals, simulate_rows
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,27 @@ class Validation:
     metrics: list[str]           # metrics they are fitted on
     num_requests: int | None     # requests per row instead of the protocol's rounds
     refused: tuple = ()          # (row, reason) of each row that cannot be simulated
+    frontends: tuple = ()        # candidate frontend delays (latency_ms, jitter_ms); () the profile's own
+    frontend_modes: tuple = ()   # scheduling modes ("sync", "async") whose delay is picked among them
+
+    @property
+    def asynchronous(self) -> np.ndarray:
+        """Per row: whether its engine schedules asynchronously (its release and deployment decide)."""
+        return np.asarray([deployment_engine(self.settings.engine, group_row(r))["host"]["async_scheduling"]
+                           for r in self.rows], dtype=bool)
+
+    def candidate(self, index: int) -> RunSettings:
+        """The protocol with frontend candidate `index` in both scheduling modes."""
+        latency, jitter = self.frontends[index]
+        frontend = {**self.settings.engine["frontend"], "latency_ms": latency, "jitter_ms": jitter,
+                    "async_latency_ms": latency, "async_jitter_ms": jitter}
+        return replace(self.settings, engine={**self.settings.engine, "frontend": frontend})
+
+    def delay_label(self, index: int | None, asynchronous: bool) -> str:
+        """The delay of candidate `index`, or (None) the profile's own delay in that scheduling mode."""
+        if index is None:
+            return f"profile {frontend_label(self.engine.frontend.delay_ms(asynchronous))}"
+        return frontend_label(self.frontends[index])
 
     @property
     def measured(self) -> np.ndarray:
@@ -105,7 +130,70 @@ def load_validation(csvs, lines: list | None, mappings: list, engine: dict, prot
         raise KernelsightError(f"every row refused; {refused[0][1]}")
     return Validation(csvs, [r for r, _ in kept], [m for _, m in kept], parsed, profile, settings,
                       list(fit["params"]), list(fit["metrics"]), num_requests,
-                      tuple(sorted(refused, key=lambda x: (csvs.index(_file(csvs, x[0])), x[0].line))))
+                      tuple(sorted(refused, key=lambda x: (csvs.index(_file(csvs, x[0])), x[0].line))),
+                      *parse_frontend_fit(fit.get("frontend")))
+
+
+MODES = ("sync", "async")
+
+
+def parse_frontend_fit(section) -> tuple[tuple, tuple]:
+    """fit.frontend: {candidates: [{latency_ms, jitter_ms}, ...], modes: [sync and/or async]} (null: no choice,
+    every row runs at the profile's delay), checked; as ((latency_ms, jitter_ms) pairs, modes)."""
+    if section is None:
+        return (), ()
+    value = plain(section)
+    if not isinstance(value, dict) or set(value) != {"candidates", "modes"}:
+        raise KernelsightError(f"fit.frontend={value!r}: expected {{candidates: [{{latency_ms, jitter_ms}}, ...], "
+                               f"modes: [sync, async]}}, or null")
+    entries, modes = value["candidates"], value["modes"]
+    if isinstance(entries, (str, bytes)) or not isinstance(entries, (list, tuple)) or not entries:
+        raise KernelsightError(f"fit.frontend.candidates={entries!r}: must be a non-empty list of {{latency_ms, "
+                               f"jitter_ms}}, e.g. [{{latency_ms: 5, jitter_ms: 10}}, {{latency_ms: 0, jitter_ms: 0}}]")
+    if isinstance(modes, (str, bytes)) or not isinstance(modes, (list, tuple)) or not modes or \
+            any(m not in MODES for m in modes):
+        raise KernelsightError(f"fit.frontend.modes={modes!r}: must be a non-empty list of {', '.join(MODES)}")
+    out = []
+    for i, entry in enumerate(entries):
+        got = check(entry, {"latency_ms": Spec("nonneg"), "jitter_ms": Spec("nonneg")}, "validate config",
+                    f"fit.frontend.candidates[{i}].")
+        out.append((got["latency_ms"], got["jitter_ms"]))
+    if len(set(out)) != len(out):
+        raise KernelsightError(f"fit.frontend.candidates: {frontend_label(next(c for c in out if out.count(c) > 1))} "
+                               f"is listed twice")
+    return tuple(out), tuple(m for m in MODES if m in modes)
+
+
+def frontend_label(candidate: tuple) -> str:
+    """'<latency>+<jitter> ms' of a (latency_ms, jitter_ms) candidate."""
+    return f"{candidate[0]:g}+{candidate[1]:g} ms"
+
+
+def choose_frontend(errors: np.ndarray, asynchronous: np.ndarray, groups: list[str], eligible=None,
+                    modes_fitted=MODES) -> dict:
+    """Frontend candidate per scheduling mode: errors [rows, candidates] are each row's absolute relative TTFT
+    error at each candidate. Returns {"all rows": {mode: index}, group: {mode: index}, ...}: per mode
+    ("sync", "async") of modes_fitted, the candidate with the lowest median error over that mode's eligible
+    rows (default all; validate leaves out rows queueing for KV capacity, whose TTFT a few ms of delay cannot
+    move), of every group ("all rows") and of every group but one (that group's held-out pick); the first
+    candidate where a mode has no rows to choose on. A mode not fitted: None (the profile's own delay)."""
+    groups = np.asarray(groups)
+    modes = np.where(asynchronous, "async", "sync")
+    if eligible is not None:
+        modes = np.where(eligible, modes, "")
+
+    def pick(mode: str, mask: np.ndarray) -> int | None:
+        if mode not in modes_fitted:
+            return None
+        mask = mask & (modes == mode)
+        return int(np.argmin(np.median(errors[mask], axis=0))) if mask.any() else 0
+
+    everyone = np.ones(len(groups), dtype=bool)
+    out = {"all rows": {m: pick(m, everyone) for m in MODES}}
+    for g in sorted(set(groups.tolist())):
+        out[g] = {m: pick(m, groups != g) for m in MODES}
+    return out
+
 
 
 def _selected(x, csvs: list) -> tuple[str, int]:
@@ -168,61 +256,107 @@ def parse_tiers(tiers: dict) -> list[tuple[Tier, dict]]:
 
 @dataclass
 class TierScore:
-    """One tier's per-row table, its host-term fits (all rows, and per left-out model), warnings, timing."""
+    """One tier's per-row table, its host-term fits (all rows, and per left-out model), frontend picks
+    (choose_frontend's; None without candidates), warnings, timing."""
 
     frame: pd.DataFrame
     fits: dict
     warnings: list[str]
     timing: str
+    frontend: dict | None = None
 
 
 def score_tier(v: Validation, tier: Tier, processes: int, progress=None, store=None,
-               intervals: bool = False) -> TierScore:
+               intervals: bool = False, picks: dict | None = None) -> TierScore:
     """Simulate every row in `tier` and score it as simulated and with the host terms held out. progress: a
     tqdm-like factory for a bar over the rows, or None; store: a store.RowStore that keeps each row's
     simulation as it finishes and gives back those of an earlier run with the same settings. intervals:
     simulate every row again with each kernel at the low and at the high end of its 80 % interval
     (Tier.at_band); the table gets each metric's simulated range (<metric>_lo, <metric>_hi, host terms as
-    simulated) and whether the measured value fell inside (<metric>_inside)."""
+    simulated) and whether the measured value fell inside (<metric>_inside). With frontend candidates
+    (v.frontends): picks, choose_frontend's answer of an earlier tier (None: every row is simulated at every
+    candidate and the picks are made here, on this tier's TTFT); a row is simulated as simulated at the
+    "all rows" pick of its scheduling mode and held out at its own model's pick."""
     t0 = time.perf_counter()
-    logs = simulate_rows([(r, m, tier.on(r.device), v.settings, v.num_requests) for r, m in zip(v.rows, v.models)],
-                         processes,
-                         progress, f"validate ({tier.name} tier)", store)
+    measured, groups = v.measured, [r.model_path for r in v.rows]
+    modes = np.where(v.asynchronous, "async", "sync")
+    if not v.frontends:
+        wanted = [{None}] * len(v.rows)
+    elif picks is None:
+        wanted = [set(range(len(v.frontends))) if m in v.frontend_modes else {None} for m in modes]
+    else:
+        wanted = [{p[m] for p in picks.values()} for m in modes]
+    jobs = [(i, c) for i, cands in enumerate(wanted) for c in sorted(cands, key=lambda c: -1 if c is None else c)]
+    logs_at = dict(zip(jobs, _simulate(v, tier, jobs, processes, progress, f"validate ({tier.name} tier)", store)))
     wall = time.perf_counter() - t0
-    steps = sum(len(log.gpu_s) for log in logs)
-    loop_s = sum(log.wall_s for log in logs)
+    steps = sum(len(log.gpu_s) for log in logs_at.values())
+    loop_s = sum(log.wall_s for log in logs_at.values())
     timing = (f"tier {tier.name}: {len(v.rows)} rows, {steps:,} engine steps simulated in {wall:.0f} s wall "
               f"({loop_s:.0f} s in the event loops, {steps / max(loop_s, 1e-9):,.0f} steps/s per process, "
               f"{processes} processes)")
-    warned = sorted({w for log in logs for w in log.warnings})
-    measured, groups = v.measured, [r.model_path for r in v.rows]
-    masks = [comp.measured_requests(log, group_row(r).concurrency, v.settings.warmup_rounds)
-             for r, log in zip(v.rows, logs)]
-    lins = [comp.linearize(log, v.engine.host, mask) for log, mask in zip(logs, masks)]
+    warned = sorted({w for log in logs_at.values() for w in log.warnings})
+    masks_at = {(i, c): comp.measured_requests(log, group_row(v.rows[i]).concurrency, v.settings.warmup_rounds)
+                for (i, c), log in logs_at.items()}
+    lins_at = {key: comp.linearize(log, v.engine.host, masks_at[key]) for key, log in logs_at.items()}
+    if v.frontends and picks is None:
+        errors = np.asarray([[abs(lins_at[i, c].ttft0 / measured[i, 0] - 1) if (i, c) in lins_at else np.nan
+                              for c in range(len(v.frontends))] for i in range(len(v.rows))])
+        picks = choose_frontend(errors, v.asynchronous, groups,
+                                eligible=~rep.queueing(measured[:, 0], [f"{r.model_path} {r.precision}" for r in v.rows]),
+                                modes_fitted=v.frontend_modes)
+
+    def at(key) -> list:
+        """Each row's candidate under the picks of `key` ("all rows" or a model)."""
+        return [picks[key][m] if picks else None for m in modes]
+
+    lins = [lins_at[i, c] for i, c in enumerate(at("all rows"))]
     simulated = comp.predict(lins, {})
-    heldout, thetas = (comp.leave_one_group_out(lins, measured, groups, v.params, v.metrics)
-                       if len(set(groups)) > 1 else (np.full_like(simulated, np.nan), {}))
+    own = [at(g)[i] for i, g in enumerate(groups)]  # each row at its own model's held-out pick
+    if len(set(groups)) > 1:
+        heldout, thetas = comp.leave_one_group_out(
+            lins, measured, groups, v.params, v.metrics,
+            fold_lins={g: [lins_at[i, c] for i, c in enumerate(at(g))] for g in set(groups)} if picks else None)
+    else:
+        heldout, thetas = np.full_like(simulated, np.nan), {}
     fits = {"all rows": comp.fit(lins, measured, v.params, v.metrics), **thetas}
     exposed = [r.key for r, lin in zip(v.rows, lins) if not all(lin.hidden(theta) for theta in ({}, *fits.values()))]
     if exposed:  # an asynchronous row scored as it ran although a fitted host term outlasts a GPU step
         warned.append(f"rows {', '.join(map(str, exposed))}: async scheduling, but the fitted host terms outlast "
                       f"some steps' GPU time; scored as if hidden")
-    frame = _frame(v, tier, logs, masks, simulated, heldout)
+    keys = list(enumerate(own))
+    frame = _frame(v, tier, [logs_at[k] for k in keys], [masks_at[k] for k in keys], simulated, heldout)
+    if v.frontends:
+        frame["frontend"] = [v.delay_label(c, m == "async") for c, m in zip(own, modes)]
     if intervals and tier.predictor_tier != "roofline":
-        ends = [_simulated(v, tier.at_band(band), processes, progress, store) for band in BANDS]
+        ends = [_simulated(v, tier.at_band(band), keys, processes, progress, store) for band in BANDS]
         for kind, values in _interval_columns(frame, *ends).items():
             frame[kind] = values
-    return TierScore(frame, fits, warned, timing)
+    return TierScore(frame, fits, warned, timing, picks)
 
 
 BANDS = ("p10", "p90")
 INTERVAL_METRICS = ("ttft", "tpot", "throughput")
 
 
-def _simulated(v: Validation, tier: Tier, processes: int, progress=None, store=None) -> np.ndarray:
-    """rows x (TTFT ms, TPOT ms) of every row simulated in `tier`, host terms as simulated."""
-    logs = simulate_rows([(r, m, tier.on(r.device), v.settings, v.num_requests) for r, m in zip(v.rows, v.models)],
-                         processes, progress, f"validate ({tier.name})", store)
+def _simulate(v: Validation, tier: Tier, jobs: list[tuple], processes: int, progress, desc: str, store) -> list:
+    """Step logs of (row index, frontend candidate or None: the profile's own) jobs in `tier`; a candidate's
+    rows are kept apart in the store (their own tier name)."""
+    out = []
+    for i, c in jobs:
+        settings, named = v.settings, tier
+        if c is not None:
+            settings = v.candidate(c)
+            named = replace(tier, name=f"{tier.name}-frontend{v.frontends[c][0]:g}-{v.frontends[c][1]:g}")
+        row = v.rows[i]
+        out.append((row, v.models[i], named.on(row.device), settings, v.num_requests))
+    return simulate_rows(out, processes, progress, desc, store)
+
+
+def _simulated(v: Validation, tier: Tier, keys: list[tuple], processes: int, progress=None,
+               store=None) -> np.ndarray:
+    """rows x (TTFT ms, TPOT ms) of every row simulated in `tier` at its frontend candidate (keys: (row
+    index, candidate) per row), host terms as simulated."""
+    logs = _simulate(v, tier, keys, processes, progress, f"validate ({tier.name})", store)
     masks = [comp.measured_requests(log, group_row(r).concurrency, v.settings.warmup_rounds)
              for r, log in zip(v.rows, logs)]
     return comp.predict([comp.linearize(log, v.engine.host, mask) for log, mask in zip(logs, masks)], {})
@@ -274,7 +408,10 @@ def score(v: Validation, tiers: list[tuple[Tier, list]], processes: int, progres
           store=None, intervals: bool = False) -> tuple[pd.DataFrame, list[TierScore]]:
     """Every tier's rows in one table, with errors and each row's TPOT floor; and the per-tier scores.
     progress, store, intervals: see score_tier."""
-    scores = [score_tier(v, tier, processes, progress, store, intervals) for tier, _ in tiers]
+    scores, picks = [], None
+    for tier, _ in tiers:   # frontend picks are made on the first tier and kept for the others
+        scores.append(score_tier(v, tier, processes, progress, store, intervals, picks))
+        picks = scores[-1].frontend
     df = rep.add_errors(pd.concat([s.frame for s in scores], ignore_index=True))
     df["tpot_floor"] = np.tile(tpot_floor(v.rows, v.models, v.engine), len(tiers))
     return df, scores
