@@ -290,6 +290,16 @@ def test_leave_one_model_out_never_trains_on_the_held_out_model():
     assert not np.allclose(pred[12:], meas_b, rtol=1e-2)
     with pytest.raises(KernelsightError, match="two models"):
         comp.leave_one_group_out(lins_a, meas_a, ["A"] * 12, params)
+    # Rows outside `train` never inform a fit: C's three rows (measured as if its host cost were huge) are left out,
+    # so holding out B still recovers A's parameters; held-out C is predicted all the same.
+    lins_c, meas_c = synthetic(rng, 3, {**theta_a, "per_request_us": 900.0})
+    train = np.array([True] * 21 + [False] * 3)
+    pred, thetas = comp.leave_one_group_out(lins + lins_c, np.vstack([measured, meas_c]), groups + ["C"] * 3, params,
+                                            ["ttft", "tpot"], train=train)
+    assert thetas["B"]["per_request_us"] == pytest.approx(3.0, rel=1e-3) and np.isfinite(pred[21:]).all()
+    _, with_c = comp.leave_one_group_out(lins + lins_c, np.vstack([measured, meas_c]), groups + ["C"] * 3, params,
+                                         ["ttft", "tpot"])
+    assert with_c["B"]["per_request_us"] > 10.0   # C's rows would have pulled the fit
 
 
 # -- report and README ----------------------------------------------------------------------------

@@ -106,3 +106,10 @@ def test_rows_that_are_not_eligible_do_not_vote():
     errors = np.array([[0.1, 0.2], [0.1, 0.2], [0.9, 0.0]])
     picks = choose_frontend(errors, np.zeros(3, dtype=bool), ["a", "a", "b"], eligible=np.array([True, True, False]))
     assert picks["all rows"]["sync"] == 0 and picks["a"]["sync"] == 0   # b's row queues: a's held-out pick falls back
+
+
+def test_a_row_queues_when_its_ttft_is_ten_times_its_models_median():
+    from kernelsight.validate.report import queueing
+
+    flags = queueing([100, 120, 90, 5000, 50, 40], ["a", "a", "a", "a", "b", "b"])
+    assert flags.tolist() == [False, False, False, True, False, False]

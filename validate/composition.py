@@ -162,10 +162,11 @@ def fit(lins: list[Linearized], measured: np.ndarray, params, metrics=("tpot",))
 
 
 def leave_one_group_out(lins: list[Linearized], measured: np.ndarray, groups: list[str], params,
-                        metrics=("tpot",), fold_lins: dict | None = None) -> tuple[np.ndarray, dict]:
+                        metrics=("tpot",), fold_lins: dict | None = None, train=None) -> tuple[np.ndarray, dict]:
     """Predictions (rows x (TTFT, TPOT) ms) of each row under parameters fitted without its group,
     and the fitted theta per held-out group. Needs at least two groups. fold_lins: per group, the rows'
-    linearisations that fold uses instead of `lins` (runs simulated with settings chosen without it)."""
+    linearisations that fold uses instead of `lins` (runs simulated with settings chosen without it);
+    train: mask of the rows a fit may learn from (default every row)."""
     groups = np.asarray(groups)
     names = sorted(set(groups.tolist()))
     if len(names) < 2:
@@ -175,8 +176,8 @@ def leave_one_group_out(lins: list[Linearized], measured: np.ndarray, groups: li
     for name in names:
         held = groups == name
         fold = lins if fold_lins is None else fold_lins[name]
-        train = [lin for lin, h in zip(fold, held) if not h]
-        theta = fit(train, np.asarray(measured)[~held], params, metrics)
+        learn = ~held if train is None else ~held & np.asarray(train, dtype=bool)
+        theta = fit([lin for lin, x in zip(fold, learn) if x], np.asarray(measured)[learn], params, metrics)
         thetas[name] = theta
         out[held] = predict([lin for lin, h in zip(fold, held) if h], theta)
     return out, thetas

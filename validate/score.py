@@ -298,12 +298,12 @@ def score_tier(v: Validation, tier: Tier, processes: int, progress=None, store=N
     masks_at = {(i, c): comp.measured_requests(log, group_row(v.rows[i]).concurrency, v.settings.warmup_rounds)
                 for (i, c), log in logs_at.items()}
     lins_at = {key: comp.linearize(log, v.engine.host, masks_at[key]) for key, log in logs_at.items()}
+    # rows queueing for KV capacity: waiting makes their latencies, so they inform neither the host terms nor the delay
+    eligible = ~rep.queueing(measured[:, 0], [f"{r.model_path} {r.precision}" for r in v.rows])
     if v.frontends and picks is None:
         errors = np.asarray([[abs(lins_at[i, c].ttft0 / measured[i, 0] - 1) if (i, c) in lins_at else np.nan
                               for c in range(len(v.frontends))] for i in range(len(v.rows))])
-        picks = choose_frontend(errors, v.asynchronous, groups,
-                                eligible=~rep.queueing(measured[:, 0], [f"{r.model_path} {r.precision}" for r in v.rows]),
-                                modes_fitted=v.frontend_modes)
+        picks = choose_frontend(errors, v.asynchronous, groups, eligible=eligible, modes_fitted=v.frontend_modes)
 
     def at(key) -> list:
         """Each row's candidate under the picks of `key` ("all rows" or a model)."""
@@ -315,10 +315,12 @@ def score_tier(v: Validation, tier: Tier, processes: int, progress=None, store=N
     if len(set(groups)) > 1:
         heldout, thetas = comp.leave_one_group_out(
             lins, measured, groups, v.params, v.metrics,
-            fold_lins={g: [lins_at[i, c] for i, c in enumerate(at(g))] for g in set(groups)} if picks else None)
+            fold_lins={g: [lins_at[i, c] for i, c in enumerate(at(g))] for g in set(groups)} if picks else None,
+            train=eligible)
     else:
         heldout, thetas = np.full_like(simulated, np.nan), {}
-    fits = {"all rows": comp.fit(lins, measured, v.params, v.metrics), **thetas}
+    fits = {"all rows": comp.fit([lin for lin, x in zip(lins, eligible) if x], measured[eligible], v.params,
+                                 v.metrics), **thetas}
     exposed = [r.key for r, lin in zip(v.rows, lins) if not all(lin.hidden(theta) for theta in ({}, *fits.values()))]
     if exposed:  # an asynchronous row scored as it ran although a fitted host term outlasts a GPU step
         warned.append(f"rows {', '.join(map(str, exposed))}: async scheduling, but the fitted host terms outlast "
