@@ -83,8 +83,11 @@ class Setup:
         p = self.parallel
         layout = f"tp={p.tp} pp={p.pp} ep={p.ep} dp={p.dp}" + (
             f" attention_dp={p.attention_dp}" if p.attention_dp > 1 else "")
-        return (f"{self.model.name} on {self.hw.name} ({layout}), engine {self.engine.name}, "
-                f"workload {self.workload.config.name}, pricing tier {self.pricer.predictor.tier}")
+        mode = "async" if self.engine.host.async_scheduling else "sync"
+        latency, jitter = self.engine.frontend.delay_ms(self.engine.host.async_scheduling)
+        return (f"{self.model.name} on {self.hw.name} ({layout}), engine {self.engine.name} ({mode} scheduling, "
+                f"frontend {latency:g}+{jitter:g} ms), workload {self.workload.config.name}, "
+                f"pricing tier {self.pricer.predictor.tier}")
 
 
 def build_setup(model: ModelConfig, hardware: Hardware, engine: EngineProfile, parallel: ParallelConfig,
