@@ -311,7 +311,7 @@ def score_tier(v: Validation, tier: Tier, processes: int, progress=None, store=N
 
     lins = [lins_at[i, c] for i, c in enumerate(at("all rows"))]
     simulated = comp.predict(lins, {})
-    own = [at(g)[i] for i, g in enumerate(groups)]  # each row at its own model's held-out pick
+    own = [picks[g][m] if picks else None for g, m in zip(groups, modes)]  # each row at its model's held-out pick
     if len(set(groups)) > 1:
         heldout, thetas = comp.leave_one_group_out(
             lins, measured, groups, v.params, v.metrics,
