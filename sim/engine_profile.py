@@ -90,6 +90,11 @@ class HostSettings:
     graph_launch_us: float
 
 
+def delay_label(delay: tuple) -> str:
+    """'<latency>+<jitter> ms' of a (latency_ms, jitter_ms) frontend delay."""
+    return f"{delay[0]:g}+{delay[1]:g} ms"
+
+
 @dataclass(frozen=True)
 class FrontendSettings:
     """Client <-> scheduler path of a served engine (sim/engine.py): a sent request reaches the

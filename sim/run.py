@@ -32,7 +32,7 @@ from kernelsight.predictor.predict import Predictor
 from .context import resolve_max_model_len
 from .energy import energy_summary, kernel_power
 from .engine import Engine, Replica, build_replicas
-from .engine_profile import EngineProfile
+from .engine_profile import EngineProfile, delay_label
 from .memory import kv_cache_blocks
 from .metrics import grouped
 from .model import ModelConfig
@@ -83,10 +83,10 @@ class Setup:
         p = self.parallel
         layout = f"tp={p.tp} pp={p.pp} ep={p.ep} dp={p.dp}" + (
             f" attention_dp={p.attention_dp}" if p.attention_dp > 1 else "")
-        mode = "async" if self.engine.host.async_scheduling else "sync"
-        latency, jitter = self.engine.frontend.delay_ms(self.engine.host.async_scheduling)
-        return (f"{self.model.name} on {self.hw.name} ({layout}), engine {self.engine.name} ({mode} scheduling, "
-                f"frontend {latency:g}+{jitter:g} ms), workload {self.workload.config.name}, "
+        asynchronous = self.engine.host.async_scheduling
+        return (f"{self.model.name} on {self.hw.name} ({layout}), engine {self.engine.name} "
+                f"({'async' if asynchronous else 'sync'} scheduling, frontend "
+                f"{delay_label(self.engine.frontend.delay_ms(asynchronous))}), workload {self.workload.config.name}, "
                 f"pricing tier {self.pricer.predictor.tier}")
 
 

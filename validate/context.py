@@ -12,7 +12,7 @@ import pandas as pd
 from kernelsight.predictor.bundle import shared_bundle
 from kernelsight.predictor.paths import data_dir
 from kernelsight.predictor.transfer import die_siblings
-from kernelsight.sim.engine_profile import EngineProfile
+from kernelsight.sim.engine_profile import EngineProfile, delay_label
 from kernelsight.sim.vllm_allreduce import measured_allreduce
 
 from . import composition as comp
@@ -20,7 +20,7 @@ from . import report as rep
 from .allreduce import custom_allreduce_rows, fit_custom_allreduce
 from .rows import DEPLOYMENTS, fused_sizes
 from .run import ASYNC_DEFAULT_SINCE, FUSED_NORM_DEFAULT_SINCE, FUSED_NORM_MAX_MIB, RunSettings, Tier
-from .score import TierScore, Validation, excluded, frontend_label
+from .score import TierScore, Validation, excluded
 
 
 def portable(path) -> str:
@@ -44,9 +44,9 @@ def protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mappings
     out = [f"closed loop at the row's concurrency, unique prompts; {rounds}; {start}",
            f"engine profile {engine.name}: max_num_batched_tokens {engine.scheduler.max_num_batched_tokens}, "
            f"max_num_seqs {engine.scheduler.max_num_seqs}, CUDA graphs {engine.cuda_graph.mode}, async scheduling "
-           f"{engine.host.async_scheduling}, frontend {frontend_label(engine.frontend.delay_ms(False))} "
+           f"{engine.host.async_scheduling}, frontend {delay_label(engine.frontend.delay_ms(False))} "
            f"(latency + mean exponential jitter, counted in TTFT; "
-           f"{frontend_label(engine.frontend.delay_ms(True))} with async scheduling)",
+           f"{delay_label(engine.frontend.delay_ms(True))} with async scheduling)",
            f"rows of vLLM {'.'.join(map(str, ASYNC_DEFAULT_SINCE))} or later (backend_version) run with async "
            f"scheduling, vLLM's default from that release on (vllm-project/vllm#27614); rows that do not state a "
            f"release run as the profile and their deployment say",
@@ -93,15 +93,15 @@ def frontend_lines(v: Validation, picks: dict | None, tier: str) -> list[str]:
         return []
     modes = " and ".join({"sync": "synchronous", "async": "asynchronous"}[m] for m in v.frontend_modes)
     out = [f"Frontend delay (latency + mean exponential jitter) of {modes} rows chosen among "
-           f"{', '.join(frontend_label(c) for c in v.frontends)} (fit.frontend): the lowest median absolute TTFT "
+           f"{', '.join(delay_label(c) for c in v.frontends)} (fit.frontend): the lowest median absolute TTFT "
            f"error of the {tier} tier's rows of that scheduling mode, rows queueing for KV capacity left out, on "
            f"every row (as simulated: in-sample) and on every model but one (held out: that model's rows run at "
            f"it; the other tiers keep these picks). A mode not chosen runs at the profile's delay. Shipped profile "
-           f"(conf/engine): synchronous {frontend_label(v.engine.frontend.delay_ms(False))}, asynchronous "
-           f"{frontend_label(v.engine.frontend.delay_ms(True))}.", "",
+           f"(conf/engine): synchronous {delay_label(v.engine.frontend.delay_ms(False))}, asynchronous "
+           f"{delay_label(v.engine.frontend.delay_ms(True))}.", "",
            "| chosen on | synchronous | asynchronous |", "|---|---|---|"]
-    out += [f"| {'all rows' if key == 'all rows' else f'all but {key}'} | {v.delay_label(p['sync'], False)} | "
-            f"{v.delay_label(p['async'], True)} |" for key, p in picks.items()]
+    out += [f"| {'all rows' if key == 'all rows' else f'all but {key}'} | {v.pick_label(p['sync'], False)} | "
+            f"{v.pick_label(p['async'], True)} |" for key, p in picks.items()]
     return out + [""]
 
 

@@ -33,7 +33,7 @@ from kernelsight.predictor.hardware import load_hardware
 from kernelsight.predictor.predict import TIERS as PREDICTOR_TIERS
 from kernelsight.predictor.predict import Predictor
 from kernelsight.sim.batch import StepBatch
-from kernelsight.sim.engine_profile import EngineProfile
+from kernelsight.sim.engine_profile import EngineProfile, delay_label
 from kernelsight.sim.memory import memory_plan
 from kernelsight.sim.pricing import StepPricer
 from kernelsight.sim.schema import Spec, check, plain
@@ -75,11 +75,11 @@ class Validation:
                     "async_latency_ms": latency, "async_jitter_ms": jitter}
         return replace(self.settings, engine={**self.settings.engine, "frontend": frontend})
 
-    def delay_label(self, index: int | None, asynchronous: bool) -> str:
+    def pick_label(self, index: int | None, asynchronous: bool) -> str:
         """The delay of candidate `index`, or (None) the profile's own delay in that scheduling mode."""
         if index is None:
-            return f"profile {frontend_label(self.engine.frontend.delay_ms(asynchronous))}"
-        return frontend_label(self.frontends[index])
+            return f"profile {delay_label(self.engine.frontend.delay_ms(asynchronous))}"
+        return delay_label(self.frontends[index])
 
     @property
     def measured(self) -> np.ndarray:
@@ -159,14 +159,9 @@ def parse_frontend_fit(section) -> tuple[tuple, tuple]:
                     f"fit.frontend.candidates[{i}].")
         out.append((got["latency_ms"], got["jitter_ms"]))
     if len(set(out)) != len(out):
-        raise KernelsightError(f"fit.frontend.candidates: {frontend_label(next(c for c in out if out.count(c) > 1))} "
+        raise KernelsightError(f"fit.frontend.candidates: {delay_label(next(c for c in out if out.count(c) > 1))} "
                                f"is listed twice")
     return tuple(out), tuple(m for m in MODES if m in modes)
-
-
-def frontend_label(candidate: tuple) -> str:
-    """'<latency>+<jitter> ms' of a (latency_ms, jitter_ms) candidate."""
-    return f"{candidate[0]:g}+{candidate[1]:g} ms"
 
 
 def choose_frontend(errors: np.ndarray, asynchronous: np.ndarray, groups: list[str], eligible=None,
@@ -328,7 +323,7 @@ def score_tier(v: Validation, tier: Tier, processes: int, progress=None, store=N
     keys = list(enumerate(own))
     frame = _frame(v, tier, [logs_at[k] for k in keys], [masks_at[k] for k in keys], simulated, heldout)
     if v.frontends:
-        frame["frontend"] = [v.delay_label(c, m == "async") for c, m in zip(own, modes)]
+        frame["frontend"] = [v.pick_label(c, m == "async") for c, m in zip(own, modes)]
     if intervals and tier.predictor_tier != "roofline":
         ends = [_simulated(v, tier.at_band(band), keys, processes, progress, store) for band in BANDS]
         for kind, values in _interval_columns(frame, *ends).items():
