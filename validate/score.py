@@ -282,13 +282,16 @@ def score_tier(v: Validation, tier: Tier, processes: int, progress=None, store=N
     else:
         wanted = [{p[m] for p in picks.values()} for m in modes]
     jobs = [(i, c) for i, cands in enumerate(wanted) for c in sorted(cands, key=lambda c: -1 if c is None else c)]
+    reused = store.reused if store is not None else 0
     logs_at = dict(zip(jobs, _simulate(v, tier, jobs, processes, progress, f"validate ({tier.name} tier)", store)))
     wall = time.perf_counter() - t0
+    reused = (store.reused if store is not None else 0) - reused
     steps = sum(len(log.gpu_s) for log in logs_at.values())
     loop_s = sum(log.wall_s for log in logs_at.values())
-    timing = (f"tier {tier.name}: {len(v.rows)} rows, {steps:,} engine steps simulated in {wall:.0f} s wall "
-              f"({loop_s:.0f} s in the event loops, {steps / max(loop_s, 1e-9):,.0f} steps/s per process, "
-              f"{processes} processes)")
+    timing = (f"tier {tier.name}: {len(v.rows)} rows in {len(jobs)} simulations"
+              + (f" ({reused} reused from an earlier run)" if reused else "")
+              + f", {steps:,} engine steps in {wall:.0f} s wall ({loop_s:.0f} s in the event loops when simulated, "
+              f"{steps / max(loop_s, 1e-9):,.0f} steps/s per process, {processes} processes)")
     warned = sorted({w for log in logs_at.values() for w in log.warnings})
     masks_at = {(i, c): comp.measured_requests(log, group_row(v.rows[i]).concurrency, v.settings.warmup_rounds)
                 for (i, c), log in logs_at.items()}
