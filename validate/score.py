@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +63,7 @@ class Validation:
     frontends: tuple = ()        # candidate frontend delays (latency_ms, jitter_ms); () the profile's own
     frontend_modes: tuple = ()   # scheduling modes ("sync", "async") whose delay is picked among them
 
-    @property
+    @cached_property
     def asynchronous(self) -> np.ndarray:
         """Per row: whether its engine schedules asynchronously (its release and deployment decide)."""
         return np.asarray([deployment_engine(self.settings.engine, group_row(r))["host"]["async_scheduling"]
