@@ -215,7 +215,8 @@ def _pool(jobs: int):
 
 
 def _add_intervals(settings: PlanSettings, rows: list[dict], jobs: int) -> None:
-    """Each row's TTFT and TPOT at the ends of the kernels' 80 % intervals (not with roofline pricing)."""
+    """Each row's TTFT and TPOT range: at the ends of the kernels' 80 % intervals, widened to the engine
+    profile's serving error (not with roofline pricing)."""
     rows = [r for r in rows if r["tier"] != "roofline"]
     if not rows:
         return
@@ -229,9 +230,10 @@ def _add_intervals(settings: PlanSettings, rows: list[dict], jobs: int) -> None:
         finally:
             pool.terminate()
             pool.join()
+    error = EngineProfile.from_mapping(settings.engine, "engine config").serving_error
     for row, end in zip(rows, ends):
         for metric, (low, high) in end.items():
-            row[f"{metric}_p10"], row[f"{metric}_p90"] = low, high
+            row[f"{metric}_p10"], row[f"{metric}_p90"] = error.widen(metric, row[metric], low, high)
 
 
 def _distinct(ranked: list[dict]) -> list[dict]:

@@ -24,6 +24,7 @@ import pandas as pd
 from kernelsight.predictor.errors import KernelsightError, check_seed, whole_number
 from kernelsight.predictor.outputs import file_path, write_text
 from kernelsight.validate import report as rep
+from kernelsight.validate import serving_error
 from kernelsight.validate.context import report_context
 from kernelsight.validate.cross_bundle import cross_bundle_settings, stale_reason
 from kernelsight.validate.rows import default_csvs
@@ -81,10 +82,11 @@ def _write_report(cfg, v: Validation, df: pd.DataFrame, rows: pd.DataFrame, tier
     context = report_context(v, df, tiers, scores, table, time.perf_counter() - start)
     write_text(report_path, rep.markdown_report(df, head, context, plots), "report")
     print(rep._md(head.assign(kind=head["kind"].map(rep.KINDS)).rename(columns=rep.METRIC_NAMES)))
-    covered = rep.interval_coverage(df)
+    covered = serving_error.coverage(df).set_index(["tier", "metric"]).drop(columns="rows")
     if not covered.empty:
-        print("measured inside the simulated 80 % range: " + ", ".join(
-            f"{r.tier} {r.metric} {r._4:.0f} %" for r in covered.itertuples()))
+        print("measured inside the simulated 80 % range, held out: " + "; ".join(
+            f"{tier} {metric} " + ", ".join(f"{name[:-2]} {x:.0f} %" for name, x in values.items() if x == x)
+            for (tier, metric), values in covered.iterrows()))
     for (tier, _), s in zip(tiers, scores):
         for message in s.warnings:  # one line per family the bundle does not cover
             print(f"kernelsight validate: warning ({tier.name} tier): {message}", file=sys.stderr)

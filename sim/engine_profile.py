@@ -11,11 +11,13 @@ of every key; this module is its typed schema. Sections:
   frontend    time from a client's send to the scheduler, counted in TTFT (engine.py)
   allreduce   which all-reduce implementation runs a TP all-reduce of a given size (pricing.py)
   memory      the non-KV memory terms of vLLM's profile run (memory.py)
+  serving_error  the simulator's own error on real runs of this engine, which widens simulated ranges
 """
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -150,6 +152,40 @@ class MemorySettings:
     cuda_graph_gib: float
 
 
+SERVING_METRICS = ("ttft", "tpot", "throughput")
+
+
+@dataclass(frozen=True)
+class ServingError:
+    """The simulator's own error on real serving runs of this engine, per measured metric: (p10, p90) of
+    log(measured / simulated) over validation rows, with the model as the unit (`kernelsight validate`
+    reports them and their held-out coverage); None: not measured. A kernel's interval leaves this error
+    out (host terms, frontend, scheduling), so a simulated figure's 80 % range is the wider of its kernels'
+    range and [figure x exp(p10), figure x exp(p90)]."""
+
+    ttft: tuple | None = None
+    tpot: tuple | None = None
+    throughput: tuple | None = None
+
+    @staticmethod
+    def metric_of(key: str) -> str | None:
+        """The measured metric that stands for a summary key: TTFT, TPOT for TPOT, ITL and end-to-end latency
+        (decode time), throughput for the throughputs; None for anything else."""
+        if "ttft" in key:
+            return "ttft"
+        if any(part in key for part in ("tpot", "itl", "e2el")):
+            return "tpot"
+        return "throughput" if "throughput" in key else None
+
+    def widen(self, key: str, center: float, low: float, high: float) -> tuple[float, float]:
+        """(low, high) of a figure's kernel range widened to cover its serving error."""
+        metric = self.metric_of(key)
+        q = getattr(self, metric) if metric is not None else None
+        if q is None:
+            return low, high
+        return min(low, center * math.exp(q[0])), max(high, center * math.exp(q[1]))
+
+
 @dataclass(frozen=True)
 class EngineProfile:
     name: str
@@ -162,6 +198,9 @@ class EngineProfile:
     frontend: FrontendSettings
     allreduce: AllReduceSettings
     memory: MemorySettings
+    # how far the simulation is from real runs, not how it runs: left out of repr and equality (the keys
+    # of cached simulations)
+    serving_error: ServingError = field(default=ServingError(), repr=False, compare=False)
     source: str = ""
 
     @classmethod
@@ -176,12 +215,16 @@ class EngineProfile:
             raise KernelsightError(f"{source}: field 'scheduler.max_num_batched_tokens' = "
                                    f"{sched['max_num_batched_tokens']} must be >= scheduler.max_num_seqs = "
                                    f"{sched['max_num_seqs']} (vLLM refuses this too)")
+        error = {m: q if q is None else (q["p10"], q["p90"]) for m, q in v["serving_error"].items()}
+        for m, q in error.items():
+            if q is not None and q[0] > q[1]:
+                raise KernelsightError(f"{source}: field 'serving_error.{m}': p10 = {q[0]} must be <= p90 = {q[1]}")
         return cls(name=v["name"], engine=v["engine"], scheduler=SchedulerSettings(**sched),
                    kernels=KernelSettings(**v["kernels"]), attention=AttentionSettings(**v["attention"]),
                    cuda_graph=CudaGraphSettings(**graph),
                    host=HostSettings(**v["host"]), frontend=FrontendSettings(**v["frontend"]),
                    allreduce=AllReduceSettings(**v["allreduce"]),
-                   memory=MemorySettings(**v["memory"]), source=source)
+                   memory=MemorySettings(**v["memory"]), serving_error=ServingError(**error), source=source)
 
 
 _FIELDS = {
@@ -243,6 +286,9 @@ _FIELDS = {
         "collective_buffers_gib": Spec("number"),
         "cuda_graph_gib": Spec("number"),
     }),
+    "serving_error": Spec("section", default={}, fields={
+        m: Spec("optional_section", default=None, fields={"p10": Spec("real"), "p90": Spec("real")})
+        for m in SERVING_METRICS}),
 }
 
 

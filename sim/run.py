@@ -21,7 +21,7 @@ notebooks) pass typed configs and get values back.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -246,8 +246,9 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
     steps.parquet and trace.json there. keep_requests: keep the per-request table in memory. progress: a
     tqdm-like factory for a bar over finished requests (see run). fast_forward=False: simulate every
     engine step one by one (same result, slower; see run). intervals: run again with every kernel priced at
-    the low and the high end of its 80 % interval (predictor/predict.py) and put each metric's range in
-    summary['intervals'] (errors of kernels moving together: the widest the run can be).
+    the low and the high end of its 80 % interval (predictor/predict.py; errors of kernels moving together)
+    and put each metric's range in summary['intervals'], widened to the engine profile's serving error
+    (engine_profile.ServingError: what kernel intervals leave out).
     """
     if num_requests is not None:
         whole_number(num_requests, "num_requests", hint="null: every row of a trace")
@@ -271,5 +272,10 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
                                 allow_long_max_model_len=allow_long_max_model_len, energy=False,
                                 predictor=predictor.with_band(band)), num_requests, seed, router, slo_ms,
                     breakdown=False, fast_forward=fast_forward).summary for band in ("p10", "p90")]
-        result.summary["intervals"] = {key: sorted(float(end[key]) for end in ends) for key in INTERVAL_METRICS}
+        error = setup.engine.serving_error
+        if setup.workload.max_concurrency is None:  # open loop: the arrival rate, not the simulator, sets throughput
+            error = replace(error, throughput=None)
+        result.summary["intervals"] = {key: list(error.widen(key, float(result.summary[key]),
+                                                              *sorted(float(end[key]) for end in ends)))
+                                       for key in INTERVAL_METRICS}
     return result

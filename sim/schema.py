@@ -23,7 +23,7 @@ class Spec:
     """One config field.
 
     kind: 'pos' (integer >= 1), 'nonneg' (integer >= 0), 'number' (finite,
-    >= 0), 'positive' (finite, > 0), 'fraction' (0 < x <= 1), 'bool', 'str', 'choice' (one of
+    >= 0), 'positive' (finite, > 0), 'fraction' (0 < x <= 1), 'real' (finite, any sign), 'bool', 'str', 'choice' (one of
     `choices`), 'ints' (list of integers >= 1), 'section' (nested mapping
     checked against `fields`), 'optional_section' (the same, or null).
     default: used when the key is absent; no default means required.
@@ -93,9 +93,11 @@ def field_value(value: Any, spec: Spec, source: str, full: str) -> Any:
         if value < lo:
             fail(f"must be >= {lo}")
         return int(value)
-    if kind in ("number", "positive", "fraction"):
+    if kind in ("number", "positive", "fraction", "real"):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             fail("must be a finite number")
+        if kind == "real":
+            return float(value)
         if kind == "fraction" and not 0 < value <= 1:
             fail("must be in (0, 1]")
         if kind == "positive" and value <= 0:

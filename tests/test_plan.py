@@ -3,12 +3,14 @@ import json
 import math
 from dataclasses import replace
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.hardware import Hardware
 from kernelsight.sim.compose import compose, group_config
+from kernelsight.sim.engine_profile import load_engine
 from kernelsight.sim.model import ModelConfig
 from kernelsight.sim.plan import (Candidate, Load, PlanSettings, SearchSpace, Slo, batches, candidates, engine_for,
                                   evaluate, evaluate_many, pareto, rank, search_load)
@@ -209,7 +211,10 @@ def test_plan_command_prints_the_ranking_and_writes_every_candidate(run_cli, tmp
     assert (out / "pareto.png").stat().st_size > 10_000 and not (out / "partial.jsonl").exists()
     ranked = pd.read_csv(out / "ranked.csv")
     assert ranked["rank"].tolist() == list(range(1, len(ranked) + 1))
-    assert ranked.iloc[0]["ttft_ms_p10"] <= ranked.iloc[0]["ttft_ms"] <= ranked.iloc[0]["ttft_ms_p90"]
+    best = ranked.iloc[0]
+    assert best["ttft_ms_p10"] <= best["ttft_ms"] <= best["ttft_ms_p90"]
+    error = load_engine("vllm_v1").serving_error  # the kernels' range widened to the simulator's own error
+    assert best["tpot_ms_p90"] >= best["tpot_ms"] * np.exp(error.tpot[1]) * (1 - 1e-9)
     probes = pd.read_parquet(out / "probes.parquet")
     assert set(probes["key"]) <= set(table["key"]) and probes["slo_met"].any()
     code, _, err = run_cli([*PLAN, f"output_dir={out}"])

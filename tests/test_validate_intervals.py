@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 from kernelsight import cli
-from kernelsight.validate import report as rep
+from kernelsight.validate import serving_error
 from kernelsight.validate.rows import default_csv
 from kernelsight.validate.run import Tier
 
@@ -19,9 +19,10 @@ def test_a_band_tier_keeps_its_rows_apart_and_its_band_per_gpu():
 
 def test_interval_coverage_counts_rows_with_a_measured_value_and_a_range():
     df = pd.DataFrame({"tier": ["target"] * 3, "ttft": [1.0, 2.0, np.nan], "ttft_lo": [0.5, 2.5, 1.0],
-                       "ttft_hi": [1.5, 3.0, 2.0], "ttft_inside": [True, False, False]})
-    covered = rep.interval_coverage(df)
-    assert covered.to_dict(orient="records") == [{"tier": "target", "metric": "TTFT", "rows": 2, "inside %": 50.0}]
+                       "ttft_hi": [1.5, 3.0, 2.0]})
+    covered = serving_error.coverage(df)
+    assert covered[["tier", "metric", "rows", "kernels %"]].to_dict(orient="records") == [
+        {"tier": "target", "metric": "TTFT", "rows": 2, "kernels %": 50.0}]
 
 
 def test_validate_reports_how_often_the_measured_value_is_inside_the_simulated_range(capsys, tmp_path):
@@ -33,5 +34,5 @@ def test_validate_reports_how_often_the_measured_value_is_inside_the_simulated_r
         lo, hi = df[f"{metric}_lo"].iloc[0], df[f"{metric}_hi"].iloc[0]
         assert lo < df[f"{metric}_simulated"].iloc[0] < hi
         assert df[f"{metric}_inside"].iloc[0] == (lo <= df[metric].iloc[0] <= hi)
-    assert "## 80 % intervals: measured values inside the simulated range" in report.read_text()
-    assert "measured inside the simulated 80 % range: target TTFT" in capsys.readouterr().out
+    assert "## 80 % ranges: measured values inside the simulated range" in report.read_text()
+    assert "measured inside the simulated 80 % range, held out: target TTFT kernels" in capsys.readouterr().out

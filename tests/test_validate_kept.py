@@ -34,6 +34,8 @@ def test_a_second_run_reuses_the_kept_rows_and_another_setting_does_not(tmp_path
         capsys.readouterr().out
     again = pd.read_csv(tmp_path / "rows.csv")
     pd.testing.assert_frame_equal(first, again)  # the kept step logs score exactly as the simulation did
+    validate(tmp_path, str(default_csv()), "rows=[1,2]", "engine.serving_error.ttft.p90=0.5")
+    assert "reused 2 of 2 rows" in capsys.readouterr().out  # the serving error changes no simulation
     validate(tmp_path, str(default_csv()), "rows=[1,2]", "protocol.num_requests=20")
     assert "reused" not in capsys.readouterr().out  # another request count: simulated again
 

@@ -17,6 +17,7 @@ from kernelsight.sim.vllm_allreduce import measured_allreduce
 
 from . import composition as comp
 from . import report as rep
+from . import serving_error
 from .allreduce import custom_allreduce_rows, fit_custom_allreduce
 from .rows import DEPLOYMENTS, fused_sizes
 from .run import ASYNC_DEFAULT_SINCE, FUSED_NORM_DEFAULT_SINCE, FUSED_NORM_MAX_MIB, RunSettings, Tier
@@ -162,6 +163,25 @@ def structure_lines(df: pd.DataFrame, warned: dict) -> list[str]:
     return out
 
 
+def interval_lines(engine: EngineProfile, df: pd.DataFrame) -> list[str]:
+    """Held-out coverage of the simulated 80 % ranges, and the serving error fitted on the first tier's rows
+    beside the one the engine profile ships."""
+    tier = df["tier"].iloc[0]
+    fitted = serving_error.fit(df[df["tier"] == tier])
+    kernels = ("kernels: every row simulated twice more, each kernel at the low and at the high end of its 80 % "
+               "interval (the bundle's held-out residuals, calibrate/intervals.py; host terms as simulated; every "
+               "kernel at the same end at once); " if "ttft_lo" in df else "")
+    return ["Share of rows whose measured value fell inside each simulated 80 % range: " + kernels
+            + "serving error: the held-out prediction times exp(p10) to exp(p90) of the log errors of the other "
+            "models' rows of the tier (validate/serving_error.py: random-effects quantiles, the model as the unit; "
+            "rows queueing for KV capacity left out); both: the wider of the two, as `simulate` prints it.", "",
+            rep._md(serving_error.coverage(df)), "", "Per validation set:", "",
+            rep._md(serving_error.coverage(df, by=("tier", "set"))), "",
+            f"Serving error (p10 / p90 of log(measured / simulated)) fitted on every row of the {tier} tier: "
+            f"{serving_error.describe(fitted)}; shipped (conf/engine serving_error): "
+            f"{serving_error.describe(engine.serving_error)}."]
+
+
 def report_context(v: Validation, df: pd.DataFrame, tiers, scores: list[TierScore], table: Path,
                    seconds: float) -> dict:
     """report.markdown_report's context of a scored validation (the custom all-reduce model refitted without
@@ -177,6 +197,7 @@ def report_context(v: Validation, df: pd.DataFrame, tiers, scores: list[TierScor
         + composition_lines(fits, v.params, v.metrics, v.engine, ar)
         + measured_allreduce_lines(v.engine, tiers, v.devices),
         "structure": structure_lines(df, warned),
+        "intervals": interval_lines(v.engine, df),
         "run": [s.timing for s in scores] + [f"total {seconds:.0f} s; per-row table: {table}"],
         "refused": [why for _, why in v.refused],
     }

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from kernelsight.predictor.bundle import shared_bundle
 from kernelsight.predictor.errors import KernelsightError, did_you_mean, whole_number
 from kernelsight.predictor.hardware import load_hardware
 from kernelsight.predictor.predict import TIERS as PREDICTOR_TIERS
@@ -41,6 +42,7 @@ from kernelsight.sim.schema import Spec, check, plain
 
 from . import composition as comp
 from . import report as rep
+from . import serving_error
 from .cross_bundle import resolve_bundle
 from .rows import ModelMapping, model_for, parallel_for, parse_mappings, read_rows, throughput, with_protocol
 from .run import RunSettings, Tier, deployment_engine, first_token_group, group_row, refusals, simulate_rows
@@ -329,9 +331,13 @@ def score_tier(v: Validation, tier: Tier, processes: int, progress=None, store=N
     if v.frontends:
         frame["frontend"] = [v.pick_label(c, m == "async") for c, m in zip(own, modes)]
     if intervals and tier.predictor_tier != "roofline":
-        ends = [_simulated(v, tier.at_band(band), keys, processes, progress, store) for band in BANDS]
-        for kind, values in _interval_columns(frame, *ends).items():
-            frame[kind] = values
+        if all(shared_bundle(tier.on(device).bundle).manifest.get("intervals") for device in v.devices):
+            ends = [_simulated(v, tier.at_band(band), keys, processes, progress, store) for band in BANDS]
+            for kind, values in _interval_columns(frame, *ends).items():
+                frame[kind] = values
+        else:
+            warned.append("its η bundle holds no kernel intervals (a bundle built for validation is published "
+                          "without its evaluation), so its rows have no kernel range")
     return TierScore(frame, fits, warned, timing, picks)
 
 
@@ -413,7 +419,7 @@ def score(v: Validation, tiers: list[tuple[Tier, list]], processes: int, progres
     for tier, _ in tiers:   # frontend picks are made on the first tier and kept for the others
         scores.append(score_tier(v, tier, processes, progress, store, intervals, picks))
         picks = scores[-1].frontend
-    df = rep.add_errors(pd.concat([s.frame for s in scores], ignore_index=True))
+    df = serving_error.add_heldout_ranges(rep.add_errors(pd.concat([s.frame for s in scores], ignore_index=True)))
     df["tpot_floor"] = np.tile(tpot_floor(v.rows, v.models, v.engine), len(tiers))
     return df, scores
 

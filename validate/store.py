@@ -51,6 +51,8 @@ def row_key(row, model, tier, settings, num_requests) -> str:
     from kernelsight.calibrate.bundle import package_version
 
     config = {k: v for k, v in dataclasses.asdict(row).items() if k not in ("ttft_ms", "tpot_ms")}
+    # the engine profile's serving_error says how far runs are from real ones; it changes no run
+    settings = dataclasses.replace(settings, engine={k: v for k, v in settings.engine.items() if k != "serving_error"})
     what = {"row": config, "model": repr(model), "tier": [tier.name, tier.predictor_tier, tier.bundle],
             "bundle": _bundle_identity(tier), "settings": repr(settings), "num_requests": num_requests,
             "version": package_version()}
