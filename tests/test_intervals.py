@@ -197,6 +197,7 @@ def test_simulate_gives_each_latency_its_range_from_the_kernel_intervals():
     text = format_summary(s, "title")
     lo, hi = s["intervals"]["mean_tpot_ms"]
     assert f"{_fmt(s['mean_tpot_ms'])} ({_fmt(lo)}-{_fmt(hi)})" in text
+    assert "(low-high): 80 % range" in text and "(low-high)" not in format_summary(plain.summary, "title")
 
 
 def test_the_runs_at_the_interval_ends_price_from_the_central_runs_predictions_unchanged():

@@ -381,6 +381,16 @@ def test_report_names_the_die_sibling_that_prices_the_cross_tier():
     assert "cross-device models only" in sibling_note(Tier("cross", "cross", None), ["mi300x"])
 
 
+def test_a_cross_bundle_is_evaluated_without_its_gpu_for_its_kernel_intervals(tmp_path):
+    from kernelsight.validate.cross_bundle import cross_bundle_settings
+
+    settings = cross_bundle_settings(str(tmp_path / "no_h100"), ["h100_sxm", "h100_pcie", "gh200"], 0)
+    assert settings.evaluate and "h100_sxm" not in settings.devices and "h200_sxm" in settings.devices
+    # the report beside the bundle (publishing replaces the bundle's folder), without plots or extra protocols
+    assert settings.out == str(tmp_path / "no_h100-report")
+    assert settings.evaluation["holdouts"] == {} and settings.evaluation["plots"] is False
+
+
 def test_cached_cross_bundle_is_rebuilt_only_when_stale(tmp_path, monkeypatch, capsys):
     """The shipped bundle is fitted on the same data, rules, learner, features and code as the cross-tier
     one: its manifest marks a cached bundle current; any difference marks it stale."""
@@ -397,6 +407,10 @@ def test_cached_cross_bundle_is_rebuilt_only_when_stale(tmp_path, monkeypatch, c
     cached.mkdir()
     ensure_cross_bundle(str(cached), ["h100_sxm"], 0)
     assert built == [str(cached)] and "not built yet" in capsys.readouterr().err
+    built.clear()
+    (cached / "manifest.json").write_text(json.dumps({**shipped, "intervals": {}}))  # published without evaluation
+    assert ensure_cross_bundle(str(cached), ["h100_sxm"], 0) == str(cached) and built == [str(cached)]
+    assert "it has no kernel intervals (built without evaluation): rebuilding" in capsys.readouterr().err
     for change, what in ((lambda m: m, None),
                          (lambda m: {**m, "learner": {**m["learner"], "num_trees": 7}}, "learner"),
                          (lambda m: {**m, "training_data": m["training_data"][1:]}, "training_data"),

@@ -30,8 +30,9 @@ def resolve_bundle(value) -> str | None:
 
 
 def cross_bundle_settings(path: str, exclude: list[str], seed: int) -> CalibrationSettings:
-    """The shipped `calibrate publish` settings on every calibration GPU except `exclude`, writing to `path`
-    without evaluation."""
+    """The shipped `calibrate publish` settings on every calibration GPU except `exclude`, writing to `path`.
+    It is evaluated leave-one-GPU-out on those GPUs (report beside it in `path`-report, no plots, no extra
+    protocols) for its kernel intervals: a validated GPU's ranges come from the other GPUs' residuals only."""
     import pyarrow.parquet as pq
 
     files = calibration_rows.input_files(None)
@@ -39,8 +40,10 @@ def cross_bundle_settings(path: str, exclude: list[str], seed: int) -> Calibrati
                      - set(exclude))
     if not devices:
         raise KernelsightError(f"no calibration GPUs left after excluding {', '.join(exclude)}")
-    return replace(shipped_settings(), bundle=path, seed=seed, devices=devices, evaluate=False,
-                   created=PINNED_CREATED)
+    shipped = shipped_settings()
+    evaluation = {**shipped.evaluation, "plots": False, "holdouts": {}}
+    return replace(shipped, bundle=path, seed=seed, devices=devices, evaluation=evaluation,
+                   out=f"{path}-report", created=PINNED_CREATED)
 
 
 def stale_reason(settings: CalibrationSettings) -> str:
@@ -61,4 +64,6 @@ def stale_reason(settings: CalibrationSettings) -> str:
     except (ValueError, TypeError, KeyError, AttributeError):
         return "its manifest is unreadable: rebuilding"
     changed = [k for k in expected if found.get(k) != expected[k]] + (["features"] if features_changed else [])
-    return f"{' and '.join(changed)} changed since it was built: rebuilding" if changed else ""
+    if changed:
+        return f"{' and '.join(changed)} changed since it was built: rebuilding"
+    return "" if manifest.get("intervals") else "it has no kernel intervals (built without evaluation): rebuilding"
