@@ -277,8 +277,8 @@ def _table(rows: list[dict], settings: PlanSettings) -> str:
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
     lines = ["  ".join(cell.rjust(w) for cell, w in zip(line, widths)) for line in [head, *body]]
     note = ("best engine settings of each GPU and layout (all candidates: ranked.csv); GPUs, $, J and latencies "
-            "at the target load (80 % interval from the kernels' intervals); req/s and tok/s per GPU at the "
-            "highest load meeting the SLOs")
+            "at the target load (80 % range: the kernels' intervals, widened to the engine's serving error); req/s "
+            "and tok/s per GPU at the highest load meeting the SLOs")
     return "\n".join([*lines, note])
 
 

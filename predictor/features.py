@@ -13,9 +13,15 @@ Each family gets an explicit, named feature list per tier:
   wave quantization raises the roofline instead of the fill and the factor);
   collectives instead get bus bytes, roofline time and the share of it that
   is bandwidth;
-* cross-device tier only, hardware features of the catalog entry: peaks (the
-  row's dtype and fp32), memory bandwidth, ridge point, SMs, L2, clock; for
-  collectives the link bandwidths.
+* cross-device tier only, hardware features of the catalog entry, for vector
+  kernels (norm, activation, RoPE, element-wise, KV write): peaks (the row's
+  dtype and fp32), memory bandwidth, ridge point, SMs, L2, clock; for
+  collectives the link bandwidths. Tensor-core kernels (GEMM, attention, MoE,
+  MLA) see the GPU only through the roofline and the features relative to it:
+  a tree cannot extrapolate an absolute value it never saw (a new generation's
+  bandwidth is clamped to the fastest GPU in training), while intensity over
+  the ridge point, waves per SM and working set over L2 carry over
+  (docs/experiments.md, "Cross tier without absolute hardware features").
 
 Categorical features (flags, dtypes, enumerations) are codes: a value not seen
 in training means extrapolation, never interpolation. Numbers are float64;
@@ -243,7 +249,7 @@ def _spec(family: Family, tier: str) -> tuple:
     if family.unit == "link":
         return shape + LINK_FEATURES + (LINK_HW_FEATURES if tier == "cross" else ())
     kernel = tuple(f for f in KERNEL_FEATURES if f.name not in REPLACED.get(family.name, ()))
-    return shape + kernel + (KERNEL_HW_FEATURES if tier == "cross" else ())
+    return shape + kernel + (KERNEL_HW_FEATURES if tier == "cross" and family.unit == "vector" else ())
 
 
 # (family, tier) -> its Feature list, built the first time it is asked for (features()).

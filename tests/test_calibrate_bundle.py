@@ -85,7 +85,7 @@ def test_manifest_states_what_the_bundle_is(bundle_dir):
     assert {d["file"] for d in m["training_data"]} == {"h100_sxm.parquet", "a100_sxm.parquet", "l40s.parquet"}
     assert all(len(d["sha256"]) == 64 for d in m["training_data"])
     assert set(m["models"]) == {"cross/gemm", "target/a100_sxm/gemm", "target/h100_sxm/gemm", "target/l40s/gemm"}
-    assert m["features"]["cross"]["gemm"][-1] == "hw_clock_ghz" and "lightgbm" in m["libraries"]
+    assert m["features"]["cross"]["gemm"] == m["features"]["target"]["gemm"] and "lightgbm" in m["libraries"]
     assert {r["family"] for r in m["metrics"]["headline_mape"]} == {"gemm"}
     assert not list(bundle_dir.rglob("*.pkl")) and not list(bundle_dir.rglob("*.joblib"))
     assert m["content_id"] == content_id(m)

@@ -66,13 +66,20 @@ def test_prefill_gqa_group_size():
     assert f["q_tile_fill"] == pytest.approx(1000 / 1024)
 
 
-def test_cross_tier_adds_hardware_features_of_the_row_dtype():
-    target, cross = feature_names("gemm", "target"), feature_names("gemm", "cross")
-    assert cross[: len(target)] == target
-    f = _row("gemm", "cross", m=4096, n=4096, k=4096, dtype="fp8")
-    assert f["hw_log2_peak_tflops"] == pytest.approx(math.log2(1978.9))
+def test_tensor_kernels_see_the_gpu_through_the_roofline_only():
+    for family in ("gemm", "attn_prefill", "attn_decode", "moe", "mla_prefill", "mla_decode", "mla_bmm"):
+        assert feature_names(family, "cross") == feature_names(family, "target"), family
+    shape = dict(m=4096, n=4096, k=4096, dtype="fp8")
+    assert _row("gemm", "cross", **shape) == _row("gemm", "target", **shape)
+    assert not any(name.startswith("hw_") for name in feature_names("moe", "cross"))
+
+
+def test_cross_tier_adds_hardware_features_to_vector_kernels():
+    target, cross = feature_names("norm", "cross"), feature_names("norm", "target")
+    assert target[: len(cross)] == cross
+    f = _row("norm", "cross", tokens=16, hidden=4096, op="rms", fused_residual=True, dtype="bf16")
     assert f["hw_log2_fp32_tflops"] == pytest.approx(math.log2(67))
-    assert f["hw_log2_ridge"] == pytest.approx(math.log2(1978.9e12 / 3350e9))
+    assert f["hw_log2_ridge"] == pytest.approx(math.log2(67e12 / 3350e9))
     assert f["hw_num_sms"] == 132 and f["hw_clock_ghz"] == pytest.approx(1.98)
     assert f["hw_log2_l2_mb"] == pytest.approx(math.log2(50))
 
