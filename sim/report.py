@@ -413,7 +413,8 @@ def format_summary(summary: dict, title: str, acc: BreakdownAccumulator | None =
             lines.append("extrapolated: of that time, kernels with a feature outside the model's training "
                          "range (clamped to it) or unknown to the GPU catalog")
     if ranges:
-        lines.append("(low-high): 80 % range: every kernel at each end of its interval, widened to the engine "
-                     "profile's serving_error (its held-out error on real runs)")
+        lines.append("(low-high): 80 % range: every kernel at each end of its interval" + (
+            ", widened to the engine profile's serving_error (its held-out error on real runs)"
+            if summary.get("intervals_serving_error") else "; the engine profile has no serving_error"))
     lines.append("=" * width)
     return "\n".join(lines)

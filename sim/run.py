@@ -32,7 +32,7 @@ from kernelsight.predictor.predict import Predictor
 from .context import resolve_max_model_len
 from .energy import energy_summary, kernel_power
 from .engine import Engine, Replica, build_replicas
-from .engine_profile import EngineProfile, delay_label
+from .engine_profile import EngineProfile, ServingError, delay_label
 from .memory import kv_cache_blocks
 from .metrics import grouped
 from .model import ModelConfig
@@ -278,4 +278,5 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
         result.summary["intervals"] = {key: list(error.widen(key, float(result.summary[key]),
                                                               *sorted(float(end[key]) for end in ends)))
                                        for key in INTERVAL_METRICS}
+        result.summary["intervals_serving_error"] = error != ServingError()
     return result

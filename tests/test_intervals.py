@@ -198,6 +198,7 @@ def test_simulate_gives_each_latency_its_range_from_the_kernel_intervals():
     lo, hi = s["intervals"]["mean_tpot_ms"]
     assert f"{_fmt(s['mean_tpot_ms'])} ({_fmt(lo)}-{_fmt(hi)})" in text
     assert "(low-high): 80 % range" in text and "(low-high)" not in format_summary(plain.summary, "title")
+    assert "widened to the engine profile's serving_error" in text and s["intervals_serving_error"]
 
 
 def test_the_runs_at_the_interval_ends_price_from_the_central_runs_predictions_unchanged():
