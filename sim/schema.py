@@ -23,8 +23,9 @@ class Spec:
     """One config field.
 
     kind: 'pos' (integer >= 1), 'nonneg' (integer >= 0), 'number' (finite,
-    >= 0), 'positive' (finite, > 0), 'fraction' (0 < x <= 1), 'real' (finite, any sign), 'bool', 'str', 'choice' (one of
-    `choices`), 'ints' (list of integers >= 1), 'section' (nested mapping
+    >= 0), 'positive' (finite, > 0), 'fraction' (0 < x <= 1), 'real' (finite, any
+    sign), 'bool', 'str', 'choice' (one of `choices`), 'ints' (list of integers
+    >= 1), 'section' (nested mapping
     checked against `fields`), 'optional_section' (the same, or null).
     default: used when the key is absent; no default means required.
     """

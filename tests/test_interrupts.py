@@ -255,7 +255,8 @@ def test_validate_interrupted_keeps_rows_and_the_rerun_reuses_them(sig, clean_va
         assert not (work / "table.csv").exists() or _table(work / "table.csv").equals(clean_validation), \
             "the interrupted run left a partial table"
         if sig == signal.SIGINT:
-            assert f"{len(kept)} simulated row" in err, f"the interrupt line does not say how many rows were kept: {err}"
+            assert f"{len(kept)} simulated row" in err, \
+                f"the interrupt line does not say how many rows were kept: {err}"
 
     code, out, err = run_cli(VALIDATE, cwd=work)
     assert code == 0, err

@@ -54,10 +54,12 @@ GOOD_CANDIDATES = [{"latency_ms": 5, "jitter_ms": 10}, {"latency_ms": 0, "jitter
 
 
 @pytest.mark.parametrize("section, message", [
-    ([{"latency_ms": 1, "jitter_ms": 0}], "expected {candidates: [{latency_ms, jitter_ms}, ...], modes: [sync, async]}"),
+    ([{"latency_ms": 1, "jitter_ms": 0}],
+     "expected {candidates: [{latency_ms, jitter_ms}, ...], modes: [sync, async]}"),
     ({"candidates": GOOD_CANDIDATES}, "expected {candidates"),
     ({"candidates": "5+10", "modes": ["async"]}, "fit.frontend.candidates='5+10': must be a non-empty list"),
-    ({"candidates": GOOD_CANDIDATES, "modes": ["later"]}, "fit.frontend.modes=['later']: must be a non-empty list of sync, async"),
+    ({"candidates": GOOD_CANDIDATES, "modes": ["later"]},
+     "fit.frontend.modes=['later']: must be a non-empty list of sync, async"),
     ({"candidates": [{"latency_ms": -1, "jitter_ms": 0}], "modes": ["async"]},
      "field 'fit.frontend.candidates[0].latency_ms' = -1: must be >= 0"),
     ({"candidates": [{"latency_ms": 1}], "modes": ["async"]}, "missing field 'fit.frontend.candidates[0].jitter_ms'"),

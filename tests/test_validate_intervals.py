@@ -36,3 +36,14 @@ def test_validate_reports_how_often_the_measured_value_is_inside_the_simulated_r
         assert df[f"{metric}_inside"].iloc[0] == (lo <= df[metric].iloc[0] <= hi)
     assert "## 80 % ranges: measured values inside the simulated range" in report.read_text()
     assert "measured inside the simulated 80 % range, held out: target TTFT kernels" in capsys.readouterr().out
+
+
+def test_a_band_needs_a_bundle_that_holds_intervals(tmp_path):
+    """validate reads the bundle's manifest (not its models) to decide whether a tier has kernel ranges."""
+    from kernelsight.validate.store import bundle_manifest
+
+    assert bundle_manifest(Tier("target", "auto", None))["intervals"]  # the shipped bundle
+    assert bundle_manifest(Tier("roofline", "roofline", None)) == {}
+    assert bundle_manifest(Tier("cross", "cross", str(tmp_path / "not_built"))) == {}
+    (tmp_path / "manifest.json").write_text('{"content_id": "x", "intervals": {}}')
+    assert not bundle_manifest(Tier("cross", "cross", str(tmp_path))).get("intervals")

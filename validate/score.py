@@ -29,7 +29,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kernelsight.predictor.bundle import shared_bundle
 from kernelsight.predictor.errors import KernelsightError, did_you_mean, whole_number
 from kernelsight.predictor.hardware import load_hardware
 from kernelsight.predictor.predict import TIERS as PREDICTOR_TIERS
@@ -46,6 +45,7 @@ from . import serving_error
 from .cross_bundle import resolve_bundle
 from .rows import ModelMapping, model_for, parallel_for, parse_mappings, read_rows, throughput, with_protocol
 from .run import RunSettings, Tier, deployment_engine, first_token_group, group_row, refusals, simulate_rows
+from .store import bundle_manifest
 
 
 @dataclass(frozen=True)
@@ -331,13 +331,13 @@ def score_tier(v: Validation, tier: Tier, processes: int, progress=None, store=N
     if v.frontends:
         frame["frontend"] = [v.pick_label(c, m == "async") for c, m in zip(own, modes)]
     if intervals and tier.predictor_tier != "roofline":
-        if all(shared_bundle(tier.on(device).bundle).manifest.get("intervals") for device in v.devices):
+        if all(bundle_manifest(tier.on(device)).get("intervals") for device in v.devices):
             ends = [_simulated(v, tier.at_band(band), keys, processes, progress, store) for band in BANDS]
             for kind, values in _interval_columns(frame, *ends).items():
                 frame[kind] = values
         else:
-            warned.append("its η bundle holds no kernel intervals (a bundle built for validation is published "
-                          "without its evaluation), so its rows have no kernel range")
+            warned.append("its η bundle holds no kernel intervals (published without its evaluation), so its "
+                          "rows have no kernel range")
     return TierScore(frame, fits, warned, timing, picks)
 
 

@@ -35,15 +35,22 @@ def parts_dir(table) -> Path:
     return Path(table).with_suffix(SUFFIX)
 
 
-def _bundle_identity(tier) -> str | None:
-    """The content id of the tier's η bundle (None for roofline pricing, or a bundle not built yet)."""
+def bundle_manifest(tier) -> dict:
+    """The manifest of the tier's η bundle, read without loading its models ({} for roofline pricing, or a
+    bundle not built yet)."""
     if tier.predictor_tier == "roofline":
-        return None
+        return {}
     manifest = (Path(tier.bundle) if tier.bundle else default_bundle_dir()) / "manifest.json"
     try:
-        return json.loads(manifest.read_text(encoding="utf-8"))["content_id"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+        found = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _bundle_identity(tier) -> str | None:
+    """The content id of the tier's η bundle (None for roofline pricing, or a bundle not built yet)."""
+    return bundle_manifest(tier).get("content_id")
 
 
 def row_key(row, model, tier, settings, num_requests) -> str:
