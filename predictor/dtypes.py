@@ -15,6 +15,8 @@ weights through a weight-only kernel: Marlin dequantises them to 16 bits in regi
 | w4a16     | int4, one bf16 scale per group of 128      | bf16                 | bf16      |
 | w4a16_mxfp4 | MXFP4 weights, 16-bit activations (Marlin) | bf16               | bf16      |
 | w4a8_mxfp4  | MXFP4 weights, MXFP8 activations           | fp8                  | bf16      |
+
+On a GPU without bf16 (V100, T4) int4 weight-only math is fp16, as vLLM's AWQ / GPTQ kernels run there.
 """
 from __future__ import annotations
 
@@ -49,6 +51,9 @@ FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
 # fp8 weights on a GPU without fp8 tensor cores run weight-only (Marlin), as the 4-bit formats do.
 FORMATS["fp8"] = WeightFormat("fp8", 1.0, "fp8", "bf16", 1.0)
 
+#: Formats whose weight-only kernels also run in fp16, on GPUs without bf16 (compute_dtype).
+FP16_WEIGHT_ONLY = ("w4a16",)
+
 #: Bytes per element (per weight for formats) of every canonical name.
 BYTES = {name: f.bytes for name, f in FORMATS.items()}
 
@@ -80,6 +85,12 @@ def weight_format(name) -> WeightFormat:
 
 
 def compute_dtype(name, supported) -> str:
-    """The dtype whose peak prices `name`'s math on a GPU whose peaks are known for `supported`."""
+    """The dtype whose peak prices `name`'s math on a GPU whose peaks are known for `supported`. int4
+    weight-only math runs in fp16 on a GPU without bf16 (vLLM's AWQ and GPTQ kernels before Ampere); the
+    fp8 and fp4 formats' weight-only kernels (Marlin) need Ampere, so they keep bf16 there (no peak: refused)."""
     fmt = weight_format(name)
-    return fmt.compute if fmt.compute in supported else fmt.fallback
+    if fmt.compute in supported:
+        return fmt.compute
+    if fmt.name in FP16_WEIGHT_ONLY and "bf16" not in supported and "fp16" in supported:
+        return "fp16"
+    return fmt.fallback

@@ -30,7 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Mapping
 
-from kernelsight.predictor.dtypes import FORMATS
+from kernelsight.predictor.dtypes import FORMATS, compute_dtype, weight_format
 from kernelsight.predictor.errors import KernelsightError, did_you_mean
 from kernelsight.predictor.families.act import FLOPS_PER_OUTPUT
 from kernelsight.predictor.families.norm import KINDS as NORM_KINDS
@@ -42,9 +42,14 @@ from .schema import Spec, check
 
 DENSE_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Qwen2ForCausalLM",
                "Gemma2ForCausalLM", "Phi3ForCausalLM")
-MOE_ARCHS = ("Qwen3MoeForCausalLM", "MixtralForCausalLM", "MiniMaxM2ForCausalLM", "GptOssForCausalLM",
-             "Llama4ForConditionalGeneration", "DeepseekV3ForCausalLM")
-MLA_ARCHS = ("DeepseekV3ForCausalLM",)
+MOE_ARCHS = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "MiniMaxM2ForCausalLM",
+             "GptOssForCausalLM", "Glm4MoeForCausalLM", "Llama4ForConditionalGeneration", "DeepseekV3ForCausalLM",
+             "DeepseekV2ForCausalLM")
+MLA_ARCHS = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
+# Architectures whose attention bias is on q, k and v only (o_proj has none): vLLM's Qwen2, Qwen2-MoE, GLM-4.5.
+QKV_BIAS_ONLY = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM")
+# Architectures vLLM does not serve in fp16 (numerical instability): fp32 on a GPU without bf16.
+FP16_UNSTABLE = ("Gemma2ForCausalLM",)
 SUPPORTED_ARCHS = DENSE_ARCHS + MOE_ARCHS
 WEIGHT_DTYPES = tuple(FORMATS)
 KV_DTYPES = ("bf16", "fp16", "fp8")
@@ -67,7 +72,8 @@ class MoeConfig:
     """Mixture of experts: `experts` routed experts of width `intermediate`, `top_k` per token, scored by
     softmax or sigmoid, plus an always-on shared expert of width `shared_intermediate` (0: none).
     Layer i (from 0) is a MoE layer when i >= first_dense and (i + 1) is a multiple of `every`; the
-    others run the dense MLP. bias: the experts and the router carry biases (gpt-oss)."""
+    others run the dense MLP. bias: the experts and the router carry biases (gpt-oss). shared_gate: the
+    shared expert's output is scaled by a per-token sigmoid gate (Qwen2-MoE's shared_expert_gate)."""
 
     experts: int
     top_k: int
@@ -77,6 +83,7 @@ class MoeConfig:
     every: int = 1
     scoring: str = "softmax"
     bias: bool = False
+    shared_gate: bool = False
 
 
 @dataclass(frozen=True)
@@ -154,7 +161,8 @@ class ModelConfig:
     attention_sinks: one learned logit per head in the softmax (gpt-oss); weight_dtype is the format of
     the linear layers, weight_formats the components stored otherwise (embedding, LM head, router and
     norms are always 16-bit); kv_dtype the KV-cache dtype; derived_max_model_len: the context vLLM allows
-    when rope_scaling extends it beyond max_position (yarn, dynamic, linear), null otherwise.
+    when rope_scaling extends it beyond max_position (yarn, dynamic, linear), null otherwise;
+    served_dtype: the activation dtype when a GPU cannot run the checkpoint's (set by served_on).
     """
 
     name: str
@@ -188,6 +196,7 @@ class ModelConfig:
     weight_formats: ComponentFormats = ComponentFormats()
     derived_max_model_len: int | None = None
     hf_config: str | None = None
+    served_dtype: str | None = None
     source: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self):
@@ -208,8 +217,40 @@ class ModelConfig:
     # -- derived --------------------------------------------------------------
     @property
     def act_dtype(self) -> str:
-        """Activation dtype: fp16 for fp16 checkpoints, bf16 otherwise (quantized models compute in bf16)."""
-        return "fp16" if self.weight_dtype == "fp16" else "bf16"
+        """Activation dtype: fp16 for fp16 checkpoints, bf16 otherwise (quantized models compute in bf16);
+        served_dtype where served_on set it."""
+        return self.served_dtype or ("fp16" if self.weight_dtype == "fp16" else "bf16")
+
+    def served_on(self, hw) -> "ModelConfig":
+        """The model as vLLM's dtype='auto' serves it on `hw`: unchanged where the GPU runs its activation
+        dtype; otherwise (bf16 before Ampere: V100, T4) in the GPU's first supported 16/32-bit dtype, fp16, or
+        fp32 for the architectures vLLM keeps off fp16 (numerical instability), 16-bit weights and the KV
+        cache with it. One line naming both when the GPU has neither."""
+        act = self.act_dtype
+        supported = hw.supported_dtypes
+        if act in supported:
+            return self
+        choices = [d for d in ("fp16", "fp32") if d in supported and not (d == "fp16" and self.architecture in
+                                                                           FP16_UNSTABLE)]
+        if not choices:
+            raise KernelsightError(f"model {self.name} on {hw.key}: the GPU has no {act} peak in the hardware "
+                                   f"catalog and vLLM would not serve this architecture in "
+                                   f"{' or '.join(d for d in ('fp16', 'fp32') if d != act)} there either")
+        served = choices[0]
+
+        def swap(fmt):
+            return served if fmt == act else fmt
+
+        formats = ComponentFormats(**{c: swap(getattr(self.weight_formats, c)) for c in COMPONENTS})
+        model = replace(self, served_dtype=served, weight_dtype=swap(self.weight_dtype), kv_dtype=swap(self.kv_dtype),
+                        weight_formats=formats)
+        for component in model.components():
+            fmt = model.weight_format(component)
+            if compute_dtype(fmt, supported) not in supported:
+                raise KernelsightError(f"model {self.name} on {hw.key}: its {fmt} {component.replace('_', ' ')} "
+                                       f"weights need {weight_format(fmt).compute} tensor cores or weight-only "
+                                       f"kernels in bf16 (Ampere or later); vLLM refuses this checkpoint there")
+        return model
 
     @property
     def router_dtype(self) -> str:
@@ -283,7 +324,7 @@ class ModelConfig:
                       WeightPart("attn_norms", n_layers * (mla.q_lora_rank + mla.kv_lora_rank), ab, "none")]
         else:
             q, kv = self.heads * hd, self.kv_heads * hd
-            bias = (q + 2 * kv + (h if self.architecture != "Qwen2ForCausalLM" else 0)) if self.attention_bias else 0
+            bias = (q + 2 * kv + (h if self.architecture not in QKV_BIAS_ONLY else 0)) if self.attention_bias else 0
             qk_norm = {"none": 0, "head": 2 * hd, "projection": q + kv}[self.qk_norm]
             if self.architecture == "Llama4ForConditionalGeneration":
                 qk_norm = 0  # an RMSNorm without weight
@@ -344,6 +385,7 @@ _MOE_FIELDS = {
     "every": Spec("pos", default=1),
     "scoring": Spec("choice", default="softmax", choices=SCORINGS),
     "bias": Spec("bool", default=False),
+    "shared_gate": Spec("bool", default=False),
 }
 _MLA_FIELDS = {
     "q_lora_rank": Spec("nonneg"),
@@ -385,6 +427,7 @@ _FIELDS = {
     "weight_dtype": Spec("choice", choices=WEIGHT_DTYPES),
     "weight_formats": Spec("optional_section", fields=_FORMAT_FIELDS, default=None),
     "kv_dtype": Spec("choice", choices=KV_DTYPES),
+    "served_dtype": Spec("choice", choices=("bf16", "fp16", "fp32"), nullable=True, default=None),
 }
 
 
@@ -566,6 +609,14 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
     chunk = nope_every = 0
     qk_norm = "head" if arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM") else "none"
     rotary_dim = None
+    if arch == "Glm4MoeForCausalLM":  # vLLM: per-head q/k RMSNorm when use_qk_norm; RoPE on a share of head_dim
+        qk_norm = "head" if get("use_qk_norm", "bool", default=False) else "none"
+        factor = get("partial_rotary_factor", "positive", default=0.5)
+        rotary_dim = int(head_dim * factor)
+        if factor > 1 or rotary_dim < 2 or rotary_dim % 2:
+            get.fail("partial_rotary_factor", f"{factor} x head_dim {head_dim} must give an even number of dims "
+                                              f"between 2 and head_dim")
+        rotary_dim = None if rotary_dim == head_dim else rotary_dim
     if arch == "Llama4ForConditionalGeneration":
         chunk = get("attention_chunk_size", "nonneg", default=0)
         nope_every = _hf_nope_every(get, layers)
@@ -596,7 +647,8 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
         norm="rms",
         activation=_HF_ACTIVATIONS[act_name],
         qk_norm=qk_norm,
-        attention_bias=arch == "Qwen2ForCausalLM" or get("attention_bias", "bool", default=False),
+        attention_bias=arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM") or get("attention_bias", "bool",
+                                                                                  default=False),
         attention_sinks=arch == "GptOssForCausalLM",
         sandwich_norms=arch == "Gemma2ForCausalLM",
         logit_softcap=get("final_logit_softcapping", "number", default=0.0),
@@ -673,13 +725,13 @@ def _hf_sliding(get: HfReader, arch: str, layers: int) -> tuple[int, str]:
     window = get("sliding_window", "nonneg", default=0)
     if arch == "Gemma2ForCausalLM":
         return (window or 4096), "even"
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"):
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
         if get("use_sliding_window", "bool", default=False):
             raise KernelsightError(f"{get.source}: use_sliding_window = true (sliding window from max_window_layers "
                                    f"on) is not supported")
         return 0, "none"
     if arch in ("LlamaForCausalLM", "MiniMaxM2ForCausalLM", "Llama4ForConditionalGeneration",
-                "DeepseekV3ForCausalLM"):
+                "DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "Glm4MoeForCausalLM"):
         return 0, "none"  # vLLM passes these no window (MiniMax-M2's attention takes none from its config)
     if arch == "GptOssForCausalLM":
         types = get.raw("layer_types")
@@ -756,11 +808,17 @@ def _hf_moe(get: HfReader, arch: str, layers: int) -> tuple[MoeConfig | None, in
         if arch == "MiniMaxM2ForCausalLM":
             moe["scoring"] = get("scoring_func", "str", default="softmax")
         moe["bias"] = arch == "GptOssForCausalLM"
-    elif arch == "Qwen3MoeForCausalLM":
-        if get.raw("mlp_only_layers") or get("decoder_sparse_step", "pos", default=1) != 1:
-            raise KernelsightError(f"{get.source}: dense layers inside a MoE stack (mlp_only_layers / "
-                                   f"decoder_sparse_step) are not supported")
+    elif arch in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
+        if get.raw("mlp_only_layers"):
+            get.fail("mlp_only_layers", "dense layers at listed positions are not modelled (decoder_sparse_step "
+                                        "is: every n-th layer a MoE layer)")
         experts_key, width_key = "num_experts", "moe_intermediate_size"
+        moe["every"] = get("decoder_sparse_step", "pos", default=1)
+        if moe["every"] > 1:
+            intermediate = get("intermediate_size", "pos")
+        if arch == "Qwen2MoeForCausalLM":  # one shared expert, its output scaled by a sigmoid gate
+            moe["shared_intermediate"] = get("shared_expert_intermediate_size", "nonneg", default=0)
+            moe["shared_gate"] = bool(moe["shared_intermediate"])
     elif arch == "Llama4ForConditionalGeneration":
         experts_key, width_key = "num_local_experts", "intermediate_size"
         moe["shared_intermediate"] = get("intermediate_size", "pos")  # one shared expert as wide as a routed one
@@ -768,12 +826,13 @@ def _hf_moe(get: HfReader, arch: str, layers: int) -> tuple[MoeConfig | None, in
         moe["scoring"] = "sigmoid"
         if moe["every"] > 1:
             intermediate = get("intermediate_size_mlp", "pos")
-    else:  # DeepseekV3ForCausalLM
+    else:  # DeepseekV3ForCausalLM, DeepseekV2ForCausalLM, Glm4MoeForCausalLM (DeepSeek's MoE block)
         experts_key, width_key = "n_routed_experts", "moe_intermediate_size"
         width = get(width_key, "pos")
         moe["shared_intermediate"] = get("n_shared_experts", "nonneg", default=0) * width
         moe["first_dense"] = get("first_k_dense_replace", "nonneg", default=0)
-        moe["scoring"] = get("scoring_func", "str", default="softmax")
+        # GLM-4.5 scores by sigmoid (vLLM's Glm4MoE, whatever the config says); DeepSeek by its scoring_func
+        moe["scoring"] = "sigmoid" if arch == "Glm4MoeForCausalLM" else get("scoring_func", "str", default="softmax")
         if get("moe_layer_freq", "pos", default=1) != 1:
             get.fail("moe_layer_freq", "MoE layers are modelled on every layer after first_k_dense_replace")
         if moe["first_dense"] > layers:

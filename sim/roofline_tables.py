@@ -45,7 +45,9 @@ def model_steps(model: ModelConfig, hw: Hardware, engine: EngineProfile, paralle
                 decode_batch: int, kv_len: int, prefill_tokens: int, cached: int) -> tuple[MemoryPlan, list]:
     """(memory plan, [decode step, prefill step] as StepRoofline) of a model on a GPU and layout:
     `decode_batch` sequences decoding at KV length `kv_len`, and one prompt of `prefill_tokens` tokens
-    after `cached` cached ones. Refuses layouts and models that do not fit."""
+    after `cached` cached ones, served as vLLM serves it on the GPU (ModelConfig.served_on). Refuses layouts
+    and models that do not fit."""
+    model = model.served_on(hw)
     plan = memory_plan(model, hw, engine, parallel)
     steps = [(f"decode step: {decode_batch} sequences at KV length {kv_len}",
               StepBatch(decode_ctx=(int(kv_len),) * int(decode_batch))),

@@ -20,7 +20,12 @@ notebooks) pass typed configs and get values back.
 """
 from __future__ import annotations
 
+import json
+import os
+import selectors
+import signal
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -49,6 +54,7 @@ SLO_KEYS = ("ttft_ms", "tpot_ms", "e2el_ms")
 # Summary metrics given a range by simulate(intervals=True).
 INTERVAL_METRICS = ("mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
                     "mean_e2el_ms", "request_throughput", "output_throughput", "total_token_throughput")
+CHILD_GRACE_S = 10.0  # how long the band run's child may run past this process's own (or twice that, if longer)
 
 
 @dataclass
@@ -84,7 +90,8 @@ class Setup:
         layout = f"tp={p.tp} pp={p.pp} ep={p.ep} dp={p.dp}" + (
             f" attention_dp={p.attention_dp}" if p.attention_dp > 1 else "")
         asynchronous = self.engine.host.async_scheduling
-        return (f"{self.model.name} on {self.hw.name} ({layout}), engine {self.engine.name} "
+        served = f", served in {self.model.served_dtype}" if self.model.served_dtype else ""
+        return (f"{self.model.name}{served} on {self.hw.name} ({layout}), engine {self.engine.name} "
                 f"({'async' if asynchronous else 'sync'} scheduling, frontend "
                 f"{delay_label(self.engine.frontend.delay_ms(asynchronous))}), workload {self.workload.config.name}, "
                 f"pricing tier {self.pricer.predictor.tier}")
@@ -101,6 +108,7 @@ def build_setup(model: ModelConfig, hardware: Hardware, engine: EngineProfile, p
     its own; setups on one GPU may share one). max_model_len None is the model's context length (vLLM's rule,
     context.resolve_max_model_len). Any problem is one KernelsightError line."""
     hw = hardware.on_network(parallel.net_gbs_per_gpu)
+    model = model.served_on(hw)  # vLLM's dtype='auto': fp16 (or fp32) where the GPU has no bf16
     blocks = kv_cache_blocks(model, hw, engine, parallel)  # refuses layouts that do not fit
     if blocks < 2:
         raise KernelsightError(f"model {model.name} on {hw.key}: only {blocks} KV block fits; "
@@ -236,7 +244,8 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
              allow_long_max_model_len: bool = False,
              slo: dict | None = None, out_dir: Path | None = None, trace_steps: int = 2000,
              trace_kernel_steps: int = 20, breakdown: bool = True, keep_requests: bool = False,
-             progress=None, fast_forward: bool = True, energy=None, intervals: bool = False) -> SimulationResult:
+             progress=None, fast_forward: bool = True, energy=None, intervals: bool = False,
+             parallel_bands: bool | None = None) -> SimulationResult:
     """Simulate `num_requests` requests of `workload` (None: every row of a trace) on `parallel.dp` replicas
     of `model` on `hardware` under `engine`; kernels priced in predictor `tier` from `bundle`, energy with the
     power model `energy` (None: the shipped one; a JSON path; False: none; the breakdown carries it, so
@@ -248,7 +257,8 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
     engine step one by one (same result, slower; see run). intervals: run again with every kernel priced at
     the low and the high end of its 80 % interval (predictor/predict.py; errors of kernels moving together)
     and put each metric's range in summary['intervals'], widened to the engine profile's serving error
-    (engine_profile.ServingError: what kernel intervals leave out).
+    (engine_profile.ServingError: what kernel intervals leave out). parallel_bands: run the two ends side by
+    side in a forked process (None: where os.fork exists and 2 CPUs are usable; see interval_ends).
     """
     if num_requests is not None:
         whole_number(num_requests, "num_requests", hint="null: every row of a trace")
@@ -268,15 +278,130 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
     result = run(setup, num_requests, seed, router, slo_ms, out_dir, trace_steps, trace_kernel_steps, breakdown,
                  keep_requests, progress, fast_forward)
     if intervals:
-        ends = [run(build_setup(model, hardware, engine, parallel, workload, max_model_len=max_model_len,
-                                allow_long_max_model_len=allow_long_max_model_len, energy=False,
-                                predictor=predictor.with_band(band)), num_requests, seed, router, slo_ms,
-                    breakdown=False, fast_forward=fast_forward).summary for band in ("p10", "p90")]
+        def band_run(band: str):
+            band_setup = build_setup(model, hardware, engine, parallel, workload, max_model_len=max_model_len,
+                                     allow_long_max_model_len=allow_long_max_model_len, energy=False,
+                                     predictor=predictor.with_band(band))
+            return lambda: run(band_setup, num_requests, seed, router, slo_ms, breakdown=False,
+                               fast_forward=fast_forward).summary
+
+        ends = interval_ends([band_run("p10"), band_run("p90")], parallel_bands)
         error = setup.engine.serving_error
         if setup.workload.max_concurrency is None:  # open loop: the arrival rate, not the simulator, sets throughput
             error = replace(error, throughput=None)
         result.summary["intervals"] = {key: list(error.widen(key, float(result.summary[key]),
-                                                              *sorted(float(end[key]) for end in ends)))
+                                                              *sorted(end[key] for end in ends)))
                                        for key in INTERVAL_METRICS}
         result.summary["intervals_serving_error"] = error != ServingError()
     return result
+
+
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def _ends(summary: dict) -> dict:
+    return {key: float(summary[key]) for key in INTERVAL_METRICS}
+
+
+def interval_ends(runs, parallel: bool | None = None) -> list[dict]:
+    """The INTERVAL_METRICS of the two runs at the ends of the kernel intervals (`runs`: two callables, each
+    running one and returning its summary), in order.
+
+    Why two processes: both runs price from the central run's memoised predictions, so they come after it,
+    but they are independent of each other; on two cores they run side by side. A forked child runs the
+    second and sends back its metrics (and warnings) as JSON over a pipe, while this process runs the first:
+    the same numbers as one after the other (JSON gives floats back exactly). parallel None: where os.fork
+    exists and 2 CPUs are usable. A child that fails, sends garbage or runs long has its run redone here;
+    an exception here (Ctrl-C) kills and reaps it before it propagates.
+    """
+    if parallel is None:
+        parallel = hasattr(os, "fork") and usable_cpus() >= 2
+    first, second = runs
+    child = _fork(second) if parallel else None
+    if child is None:
+        return [_ends(first()), _ends(second())]
+    pid, read_fd = child
+    message = None
+    try:
+        start = time.monotonic()
+        low = _ends(first())
+        message = _read(read_fd, time.monotonic() + max(CHILD_GRACE_S, 2 * (time.monotonic() - start)))
+    finally:
+        os.close(read_fd)
+        if message is None:  # an exception here, or the child outlived its grace
+            os.kill(pid, signal.SIGKILL)  # not yet reaped: the pid is still this child's
+        status = os.waitpid(pid, 0)[1]
+    high = _received(message, status)
+    return [low, high if high is not None else _ends(second())]
+
+
+def _fork(band) -> tuple[int, int] | None:
+    """(pid, read end of its pipe) of a child process running `band` and writing its metrics as JSON (None:
+    no process could be started). The child prints nothing and never returns: it leaves by os._exit, so
+    none of this process's clean-up (atexit, buffered output, open files) runs twice."""
+    try:
+        read_fd, write_fd = os.pipe()
+    except OSError:
+        return None
+    try:
+        with warnings.catch_warnings():  # Python >= 3.12 warns of a fork where threads run (numpy's, OpenMP's)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError:
+        os.close(read_fd)
+        os.close(write_fd)
+        return None
+    if pid:
+        os.close(write_fd)
+        return pid, read_fd
+    code = 1
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends it outright; the parent reaps it
+        os.close(read_fd)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
+        os.dup2(null, 2)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ends = _ends(band())
+        data = json.dumps({"ends": ends, "warnings": [str(w.message) for w in caught]}).encode()
+        while data:
+            data = data[os.write(write_fd, data):]
+        code = 0
+    finally:
+        os._exit(code)
+
+
+def _read(fd: int, deadline: float) -> bytes | None:
+    """Everything written to the pipe `fd` until its writer closes it; None at `deadline` first."""
+    chunks = []
+    with selectors.DefaultSelector() as ready:
+        ready.register(fd, selectors.EVENT_READ)
+        while (wait := deadline - time.monotonic()) > 0 and ready.select(wait):
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    return None
+
+
+def _received(message: bytes | None, status: int) -> dict | None:
+    """The child's metrics, its warnings given again here; None unless it exited cleanly with a whole message."""
+    if message is None or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
+        return None
+    try:
+        got = json.loads(message)
+        ends = {key: got["ends"][key] for key in INTERVAL_METRICS}
+        notes = [note for note in got["warnings"] if isinstance(note, str)]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not all(type(value) is float for value in ends.values()):
+        return None
+    for note in notes:
+        warnings.warn(note, stacklevel=3)
+    return ends

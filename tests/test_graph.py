@@ -25,6 +25,8 @@ from kernelsight.sim.model import load_model
 from kernelsight.sim.parallel import ParallelConfig, load_parallel
 from kernelsight.sim.pricing import StepPricer
 
+from hf_configs import CONFIGS
+
 H100 = load_hardware("h100_sxm")
 ENGINE = load_engine("vllm_v1")
 MIXED = StepBatch(prefill_new=(1000, 37), prefill_ctx=(0, 2048), decode_ctx=(100, 2000, 4097), prefill_sampled=1)
@@ -392,6 +394,24 @@ def test_minimax_m2_norms_q_and_k_over_the_whole_projection():
     assert "qk_norm" not in c and "qk_norm_allreduce" not in calls_by_name("minimax-m2.5", MIXED)
 
 
+def test_qwen2_moe_shared_gate_and_glm_partial_rope_from_config_json():
+    from kernelsight.sim.model import from_hf
+
+    def calls(name, parallel):
+        model = from_hf(CONFIGS[name], name, f"{name}/config.json")
+        return {c.name: c for c in step_kernels(model, MIXED, parallel, ENGINE)}, model
+
+    c, qwen = calls("qwen1.5-moe-a2.7b", load_parallel("default"))
+    tokens = c["router"].cols["m"]
+    assert c["shared_expert_gate"].cols == {"m": tokens, "n": 1, "k": 2048, "dtype": "bf16"}
+    assert c["shared_gate_mul"].cols["numel"] == tokens * 2048 and c["shared_gate_mul"].count == 24
+    assert c["shared_gate_up_proj"].cols["n"] == 2 * 5632 and c["experts"].cols["experts"] == 60
+    c, glm = calls("glm-4.5", ParallelConfig("x", tp=8, ep=8))
+    assert c["rope"].cols["head_dim"] == 64 and c["qk_norm"].cols["hidden"] == 128   # half of each head; per head
+    assert (c["experts"].count, c["gate_up_proj"].count, c["topk"].cols["op"]) == (89, 3, "sigmoid")
+    assert "shared_expert_gate" not in c and c["shared_gate_up_proj"].cols["n"] == 2 * 1536 // 8
+
+
 def test_llama4_rope_nope_and_chunked_layers():
     c = calls_by_name("llama4-maverick", MIXED, "tp8")
     assert (c["rope"].count, c["attn_temperature"].count) == (36, 12)
@@ -457,13 +477,14 @@ def test_chunked_decode_runs_match_their_steps():
 HAND_BYTES = {"bf16": 2.0, "fp8_block": 1 + 4 / 128 ** 2, "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32}
 
 
-def hand_decode_roofline(config_file: str, formats: dict, kv_bytes: float, hw, tp: int, ep: int = 1,
+def hand_decode_roofline(config_file: str | dict, formats: dict, kv_bytes: float, hw, tp: int, ep: int = 1,
                          adp: int = 1, batch: int = 64, kv_len: int = 1024) -> float:
     """Seconds of one GPU's decode step by hand: every weight it holds and the batch touches read once in its
     format (routed experts: the ones the batch's (token, expert) pairs hit under balanced routing; MLA decode:
     kv_b_proj as the absorbed bf16 W_UK / W_UV), the LM head, and the KV cache read; the larger of that over
     HBM bandwidth and 2 FLOPs per weight and token (plus attention's) over the format's peak."""
-    raw = json.loads((conf_dir() / "model" / "hf" / config_file).read_text())
+    raw = config_file if isinstance(config_file, dict) else \
+        json.loads((conf_dir() / "model" / "hf" / config_file).read_text())
     c = raw.get("text_config", raw)
     h, n_layers, heads = c["hidden_size"], c["num_hidden_layers"], c["num_attention_heads"]
     read, work = [], []
@@ -475,8 +496,8 @@ def hand_decode_roofline(config_file: str, formats: dict, kv_bytes: float, hw, t
     if "kv_lora_rank" in c:
         ql, kl, nope, rope, v = (c[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
                                                 "v_head_dim"))
-        weights(h * (ql + kl + rope), formats["attention"], n_layers)        # down-projections, on every GPU
-        weights(ql * heads * (nope + rope) / tp, formats["attention"], n_layers)
+        weights(h * ((ql or 0) + kl + rope), formats["attention"], n_layers)  # down-projections, on every GPU
+        weights((ql or h) * heads * (nope + rope) / tp, formats["attention"], n_layers)  # no q latent: from h
         weights(kl * heads * (nope + v) / tp, "bf16", n_layers)
         weights(heads * v * h / tp, formats["attention_out"], n_layers)
         read.append(n_layers * batch * kv_len * (kl + rope) * kv_bytes)     # the latent cache, whole per GPU
@@ -498,7 +519,8 @@ def hand_decode_roofline(config_file: str, formats: dict, kv_bytes: float, hw, t
         dense = n_layers - n_layers // c["interleave_moe_layer_step"]
         width, dense_width, shared = c["intermediate_size"], c["intermediate_size_mlp"], c["intermediate_size"]
     elif experts:
-        dense, width, dense_width, shared = 0, c.get("moe_intermediate_size") or c["intermediate_size"], 0, 0
+        dense, width, dense_width = 0, c.get("moe_intermediate_size") or c["intermediate_size"], 0
+        shared = c.get("shared_expert_intermediate_size", 0)
     else:
         dense, width, dense_width, shared = n_layers, 0, c["intermediate_size"], 0
     weights(3 * h * dense_width / tp, formats["mlp"], dense)
@@ -538,6 +560,11 @@ ROOFLINE_CASES = [  # model, its config.json, formats by hand, KV bytes, GPU, la
     ("qwen3-235b-a22b-nvfp4", "nvidia--Qwen3-235B-A22B-NVFP4_config.json", _formats("nvfp4"), 1, "h200_sxm",
      dict(tp=8, ep=8)),
     ("llama3.1-405b", "meta-llama--Meta-Llama-3.1-405B_config.json", _formats(), 2, "h200_sxm", dict(tp=8)),
+    # architectures of no shipped model, from their cards' config.json (tests/hf_configs.py)
+    ("glm-4.5-air", CONFIGS["glm-4.5-air"], _formats(), 2, "h100_sxm", dict(tp=4)),
+    ("glm-4.5", CONFIGS["glm-4.5"], _formats(), 2, "b200_sxm", dict(tp=8, ep=8)),
+    ("deepseek-v2-lite", CONFIGS["deepseek-v2-lite"], _formats(), 2, "h100_sxm", dict(tp=1)),
+    ("qwen1.5-moe-a2.7b", CONFIGS["qwen1.5-moe-a2.7b"], _formats(), 2, "h100_sxm", dict(tp=1)),
 ]
 
 
@@ -546,11 +573,12 @@ ROOFLINE_CASES = [  # model, its config.json, formats by hand, KV bytes, GPU, la
 def test_decode_step_of_every_architecture_is_near_its_hand_roofline(name, config_file, formats, kv_bytes, gpu,
                                                                      layout):
     from kernelsight.sim.memory import memory_plan
-    from kernelsight.sim.model import load_hf_config
+    from kernelsight.sim.model import from_hf, load_hf_config
 
     hw = load_hardware(gpu)
     par = ParallelConfig("x", **layout)
-    model = load_hf_config(conf_dir() / "model" / "hf" / config_file)  # simulated straight from its config
+    model = from_hf(config_file, name, f"{name}/config.json") if isinstance(config_file, dict) else \
+        load_hf_config(conf_dir() / "model" / "hf" / config_file)  # simulated straight from its config
     assert memory_plan(model, hw, ENGINE, par).blocks * 16 >= 64 * 1024  # the layout holds the batch
     priced = StepPricer(model, hw, ENGINE, par, Predictor(hw, tier="roofline")).step_time(
         StepBatch(decode_ctx=(1024,) * 64)).gpu_s

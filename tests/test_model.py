@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import yaml
@@ -12,6 +13,8 @@ from kernelsight.sim.engine_profile import load_engine
 from kernelsight.sim.memory import GiB, kv_cache_blocks, memory_plan
 from kernelsight.sim.model import ModelConfig, from_hf, list_models, load_hf_config, load_model, model_dir
 from kernelsight.sim.parallel import ParallelConfig, load_parallel, shard, weight_bytes_per_gpu
+
+from hf_configs import CONFIGS, GLM_45_AIR, QWEN15_MOE
 
 PROVENANCE = ("name", "hf_repo", "hf_config")
 
@@ -443,6 +446,49 @@ def test_new_architectures_take_their_sizes_from_config_json(name):
                                                           raw["num_hidden_layers"] - raw["first_k_dense_replace"])
 
 
+# Model cards' counts (total, active) of the configs in tests/hf_configs.py, and what their active count leaves
+# out: GLM counts neither the embedding nor the LM head, DeepSeek-V2-Lite not the embedding, Qwen1.5-MoE both in.
+MORE_ARCHITECTURES = {
+    "glm-4.5": (355e9, 32e9, ("embedding", "lm_head")),  # the total holds the MTP layer, which vLLM skips (~1 %)
+    "glm-4.5-air": (106e9, 12e9, ("embedding", "lm_head")),
+    "deepseek-v2-lite": (15.7e9, 2.4e9, ("embedding",)),
+    "qwen1.5-moe-a2.7b": (14.3e9, 2.7e9, ()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MORE_ARCHITECTURES))
+def test_more_moe_architectures_from_their_config_json(name):
+    raw = CONFIGS[name]
+    model = from_hf(raw, name, f"{name}/config.json")
+    total, active, left_out = MORE_ARCHITECTURES[name]
+    counts = model.param_counts()
+    assert model.num_params() == pytest.approx(total, rel=0.02)
+    assert model.active_params() - sum(counts[k] for k in left_out) == pytest.approx(active, rel=0.04)
+    arch = raw["architectures"][0]
+    if arch == "Glm4MoeForCausalLM":  # GQA with a q/k/v bias, RoPE on half of head_dim, DeepSeek's MoE block
+        assert (model.head_dim, model.rotary_dim, model.attention_bias) == (128, 64, True)
+        assert model.qk_norm == ("head" if raw["use_qk_norm"] else "none")
+        assert counts["attn_bias"] == raw["num_hidden_layers"] * (96 + 2 * 8) * 128  # no o_proj bias
+        assert (model.moe.scoring, model.moe.shared_intermediate) == ("sigmoid", raw["moe_intermediate_size"])
+        assert (model.dense_layers, model.intermediate) == (raw["first_k_dense_replace"], raw["intermediate_size"])
+    elif arch == "DeepseekV2ForCausalLM":  # MLA without a query latent, softmax-scored experts
+        assert (model.mla.q_lora_rank, model.kv_heads, model.head_dim) == (0, 1, 512 + 64)
+        assert (model.moe.scoring, model.moe.shared_intermediate) == ("softmax", 2 * 1408)
+    else:  # Qwen2-MoE: the shared expert behind a sigmoid gate, q/k/v bias, every layer a MoE layer
+        assert model.moe.shared_gate and model.moe.shared_intermediate == raw["shared_expert_intermediate_size"]
+        assert (model.moe_layers, model.intermediate, model.attention_bias) == (24, 0, True)
+
+
+def test_qwen_moe_sparse_step_interleaves_dense_layers_and_listed_ones_are_refused():
+    model = from_hf({**QWEN15_MOE, "decoder_sparse_step": 2}, "q", "q/config.json")
+    assert [i for i, p in enumerate(model.layer_plan()) if p.moe] == list(range(1, 24, 2))
+    assert model.intermediate == QWEN15_MOE["intermediate_size"]
+    with pytest.raises(KernelsightError, match=r"q/config.json: field 'mlp_only_layers'"):
+        from_hf({**QWEN15_MOE, "mlp_only_layers": [0, 3]}, "q", "q/config.json")
+    with pytest.raises(KernelsightError, match=r"g/config.json: field 'partial_rotary_factor'"):
+        from_hf({**GLM_45_AIR, "partial_rotary_factor": 0.01}, "g", "g/config.json")
+
+
 def test_layer_plans_of_hybrid_attention_and_interleaved_moe():
     oss = load_model("gpt-oss-120b")
     raw = _raw(oss)
@@ -630,3 +676,28 @@ def test_bad_mla_and_format_yaml_gets_one_line_naming_file_and_field(tmp_path):
     assert "field 'intermediate'" in error("llama4-maverick", intermediate=0)
     assert "field 'moe.first_dense'" in error("deepseek-v3", moe={**load_model("deepseek-v3").as_dict()["moe"],
                                                                    "first_dense": 61})
+
+
+def test_served_on_a_gpu_without_bf16_runs_fp16_as_vllm_does():
+    from kernelsight.predictor.dtypes import compute_dtype
+
+    v100, h100 = load_hardware("v100_sxm"), load_hardware("h100_sxm")
+    llama = load_model("llama3.1-8b")
+    assert llama.served_on(h100) is llama
+    served = llama.served_on(v100)   # vLLM's dtype='auto': the GPU's first supported dtype, fp16
+    assert (served.act_dtype, served.weight_dtype, served.kv_dtype) == ("fp16", "fp16", "fp16")
+    one = ParallelConfig("x")
+    assert weight_bytes_per_gpu(served, one) == weight_bytes_per_gpu(llama, one)   # 2 bytes a weight either way
+    gemma = load_model("gemma2-9b").served_on(v100)  # vLLM keeps Gemma-2 off fp16: fp32
+    assert (gemma.act_dtype, gemma.kv_dtype) == ("fp32", "fp32")
+    # int4 weight-only runs in fp16 there (AWQ / GPTQ kernels); FP8 needs fp8 tensor cores or Ampere's Marlin
+    assert compute_dtype("w4a16", v100.supported_dtypes) == "fp16"
+    assert compute_dtype("fp8", v100.supported_dtypes) == "bf16" and compute_dtype("bf16", ("fp16",)) == "bf16"
+    assert compute_dtype("fp8", h100.supported_dtypes) == "fp8"
+    int4 = replace(llama, weight_dtype="w4a16").served_on(v100)
+    assert (int4.weight_dtype, int4.act_dtype, int4.kv_dtype) == ("w4a16", "fp16", "fp16")
+    with pytest.raises(KernelsightError, match=r"llama3.1-70b-fp8 on v100_sxm: its fp8 attention weights need fp8 "
+                                               r"tensor cores .* vLLM refuses this checkpoint there"):
+        load_model("llama3.1-70b-fp8").served_on(v100)
+    with pytest.raises(KernelsightError, match="has no bf16 peak"):   # the plain dtype is never swapped silently
+        v100.peak_flops("bf16")

@@ -324,3 +324,156 @@ def test_every_architecture_simulates_from_its_config_json(config_file, gpu, lay
                                      "workload.output.value": 8})
     assert result.summary["completed"] == 6
     assert 0 < result.metrics["tpot_ms"]["mean"] < result.metrics["e2el_ms"]["mean"]
+
+
+# The runs at both ends of the kernel intervals side by side (sim.run.interval_ends): a forked child runs one.
+
+def test_the_interval_ends_side_by_side_give_the_sequential_numbers_exactly(monkeypatch):
+    import warnings
+
+    from kernelsight.sim import run as sim_run
+    from kernelsight.sim.compose import compose as compose_config, typed_configs, workload_config
+
+    received = []
+    real = sim_run._received
+    monkeypatch.setattr(sim_run, "_received", lambda *args: received.append(real(*args)) or received[-1])
+    cfg, sources = compose_config(None, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        parallel, sequential = (sim_run.simulate(*typed_configs(cfg, sources), workload_config(cfg), num_requests=60,
+                                                 intervals=True, parallel_bands=flag).summary for flag in (True, False))
+    assert len(received) == 1 and received[0] is not None  # the child's numbers, not a rerun here
+    assert json.dumps(parallel["intervals"]) == json.dumps(sequential["intervals"])  # bit for bit (repr, NaN too)
+    same = [json.dumps({**summary, "wall_s": 0}, sort_keys=True, default=repr) for summary in (parallel, sequential)]
+    assert same[0] == same[1]
+
+
+def band_ends(offset: float) -> dict:
+    from kernelsight.sim.run import INTERVAL_METRICS
+
+    return {key: i + offset for i, key in enumerate(INTERVAL_METRICS)}
+
+
+def in_the_child(act):
+    """A band run that does `act` first when it runs in a forked child."""
+    import os
+
+    parent = os.getpid()
+
+    def band():
+        if os.getpid() != parent:
+            act()
+        return band_ends(0.5)
+    return band
+
+
+@pytest.fixture
+def forked(monkeypatch):
+    """The pids of the children forked while the test runs (recorded in this process)."""
+    import os
+
+    pids, real = [], os.fork
+
+    def fork():
+        pid = real()
+        if pid:
+            pids.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", fork)
+    return pids
+
+
+def assert_reaped(pids):
+    """Each child forked is gone and reaped (no zombie): waiting for it finds no such child."""
+    import os
+
+    assert pids
+    for pid in pids:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def garbage(text):
+    from types import SimpleNamespace
+
+    from kernelsight.sim import run as sim_run
+
+    sim_run.json = SimpleNamespace(dumps=lambda obj: text)  # the child's module only: it was forked
+
+
+@pytest.mark.parametrize("act", [
+    lambda: __import__("os")._exit(0),                                                  # exits, says nothing
+    lambda: __import__("os").kill(__import__("os").getpid(), 9),                      # killed
+    lambda: 1 / 0,                                                                      # fails
+    lambda: __import__("time").sleep(60),                                              # hangs
+    lambda: garbage("{not json"),
+    lambda: garbage('{"ends": {"mean_ttft_ms": "1.5"}, "warnings": []}'),
+], ids=["silent", "killed", "raises", "hangs", "not-json", "wrong-fields"])
+def test_a_child_that_fails_has_its_band_run_again_here(monkeypatch, act, forked):
+    from kernelsight.sim import run as sim_run
+
+    monkeypatch.setattr(sim_run, "CHILD_GRACE_S", 0.5)
+    assert sim_run.interval_ends([lambda: band_ends(0.25), in_the_child(act)], parallel=True) == [
+        band_ends(0.25), band_ends(0.5)]
+    assert_reaped(forked)
+
+
+def test_ctrl_c_here_kills_and_reaps_the_child(tmp_path, forked):
+    import os
+    import time
+
+    from kernelsight.sim.run import interval_ends
+
+    pid_file = tmp_path / "pid"
+
+    def child_band():
+        pid_file.write_text(str(os.getpid()))
+        time.sleep(60)
+
+    def interrupted():
+        for _ in range(1000):
+            if pid_file.exists() and pid_file.read_text():
+                raise KeyboardInterrupt
+            time.sleep(0.01)
+
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        interval_ends([interrupted, child_band], parallel=True)
+    assert time.monotonic() - start < 10
+    with pytest.raises(ProcessLookupError):  # killed and reaped: neither running nor a zombie
+        os.kill(int(pid_file.read_text()), 0)
+    assert_reaped(forked)
+
+
+def test_one_cpu_runs_the_interval_ends_one_after_the_other(monkeypatch):
+    from kernelsight.sim import run as sim_run
+
+    monkeypatch.setattr(sim_run, "usable_cpus", lambda: 1)
+    monkeypatch.setattr(sim_run, "_fork", None)  # never called
+    assert sim_run.interval_ends([lambda: band_ends(0.25), lambda: band_ends(0.5)]) == [band_ends(0.25),
+                                                                                          band_ends(0.5)]
+
+
+def test_the_childs_warnings_are_given_here():
+    import warnings
+
+    from kernelsight.sim.run import interval_ends
+
+    def warns():
+        warnings.warn("the p90 band warns")
+        return band_ends(0.5)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert interval_ends([lambda: band_ends(0.25), warns], parallel=True) == [band_ends(0.25), band_ends(0.5)]
+    assert [str(w.message) for w in caught] == ["the p90 band warns"]  # once: the child's, not a rerun here
+
+
+def test_a_gpu_without_bf16_serves_a_bf16_checkpoint_in_fp16_as_vllm_does():
+    import kernelsight
+
+    result = kernelsight.simulate(model="llama3.1-8b", hardware="v100_sxm", num_requests=20, intervals=False)
+    assert result.setup.model.act_dtype == "fp16" and "served in fp16" in result.setup.describe()
+    gemms = [k for k in result.pricing_sources() if k.get("family") == "gemm"]
+    assert result.summary["completed"] == 20 and result.summary["mean_tpot_ms"] > 0 and gemms

@@ -225,6 +225,9 @@ def moe_kernels(model: ModelConfig, par: ParallelConfig, engine: EngineProfile, 
     if moe.shared_intermediate:
         calls += mlp_kernels("shared_", moe.shared_intermediate // par.tp, model, engine, t, count,
                              model.weight_format("shared_experts"))
+    if moe.shared_gate:  # sigmoid(hidden @ w_gate) scales the shared expert's output (a 16-bit GEMV per token)
+        calls += [gemm("shared_expert_gate", t, 1, h, ab, count),
+                  KernelCall("shared_gate_mul", "elementwise", {"numel": t * h, "op": "mul", "dtype": ab}, count)]
     return calls
 
 

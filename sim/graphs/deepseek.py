@@ -1,5 +1,6 @@
-"""DeepSeek-V3 / R1 / V3.1, Kimi-K2 (DeepseekV3ForCausalLM): multi-head latent attention, first_dense dense
-layers, then MoE layers of sigmoid-scored routed experts plus shared experts.
+"""DeepSeek-V3 / R1 / V3.1, Kimi-K2 (DeepseekV3ForCausalLM) and DeepSeek-V2 / V2-Lite (DeepseekV2ForCausalLM):
+multi-head latent attention, first_dense dense layers, then MoE layers of routed experts (V3 sigmoid-scored,
+V2 softmax) plus shared experts. V2-Lite has no query latent (q_lora_rank 0: q_proj from the hidden state).
 
 The attention block of a layer is ONE priced module, predictor/families/mla.py's mla_prefill (prefill
 rows) and mla_decode (the step's decodes): from the normed hidden state to o_proj's output it holds
@@ -28,7 +29,7 @@ def _mla_columns(model, s) -> dict:
             "v_head_dim": a.v_head_dim, "dtype": model.weight_format("attention"), "kv_dtype": model.kv_dtype}
 
 
-@register("DeepseekV3ForCausalLM")
+@register("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
 class DeepseekMla(ModelGraph):
     def layers(self, model, par, engine, t, s):
         calls = [allreduce("attn_allreduce", t * model.hidden, model, par, model.layers)] if par.tp > 1 else []

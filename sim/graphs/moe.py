@@ -1,5 +1,10 @@
-"""MoE decoders with GQA attention (Mixtral, Qwen3-MoE, MiniMax-M2): the dense decoder's attention, then
-router, top-k and the fused experts (common.moe_kernels) in every layer.
+"""MoE decoders with GQA attention (Mixtral, Qwen2-MoE, Qwen3-MoE, MiniMax-M2, GLM-4.5): the dense decoder's
+attention, then router, top-k and the fused experts (common.moe_kernels) in every MoE layer, the dense MLP
+in the others (common.ffn_kernels).
+
+Qwen2-MoE adds a shared expert whose output a per-token sigmoid gate scales; GLM-4.5 has DeepSeek-V3's MoE
+block (first dense layers, sigmoid-scored routed experts, shared experts) behind GQA attention with a q/k/v
+bias, per-head q/k norms (use_qk_norm) and RoPE on half of each head.
 
 MiniMax-M2 differs in what its config sets, not in its graph: q and k are RMS-normed over the whole
 projection with a TP all-reduce of their sums of squares (qk_norm 'projection'), RoPE rotates rotary_dim of
@@ -10,7 +15,8 @@ from .registry import register
 from .common import ModelGraph, ffn_kernels, gqa_attention_kernels
 
 
-@register("MixtralForCausalLM", "Qwen3MoeForCausalLM", "MiniMaxM2ForCausalLM")
+@register("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MiniMaxM2ForCausalLM",
+          "Glm4MoeForCausalLM")
 class MoeDecoder(ModelGraph):
     def layers(self, model, par, engine, t, s):
         return gqa_attention_kernels(model, par, engine, t, s) + ffn_kernels(model, par, engine, t, s)
