@@ -23,7 +23,10 @@ predictive distribution), one rule for every family:
   b         the GPU medians, each weighted by its rows, their deviations from the weighted mean scaled by
             sqrt((K + 1) / (K - 1)) * t(0.9, K - 1) / z(0.9) for K GPUs: the Student-t predictive interval of
             one new draw at the 80 % level (the spread is estimated from K GPUs: the normal factor alone
-            under-covers a new GPU when K is 2-4);
+            under-covers a new GPU when K is 2-4). On the cross path a die-sibling group is one draw (its
+            GPUs' residuals come from models that saw each other: H100 and H200 agree because of that, not
+            because GPUs agree), so K counts groups and b is a group's median; a family whose residuals
+            come from one group takes the path's pooled quantiles;
   sibling   b is symmetric about zero instead: a die-sibling pair prices each other, so its residuals are
             mirror images and the path has no bias to estimate; the points are +-b, scaled by
             t(0.9, K) / z(0.9) (K draws about a known centre).
@@ -62,7 +65,8 @@ MIN_ROWS = 50
 PATHS = ("target", "cross", "sibling")
 EXTRAPOLATED = " extrapolated"
 BY_GPU = ("cross", "sibling")  # paths whose quantiles treat the GPU as the unit (random effects)
-SYMMETRIC = ("sibling",)  # paths whose GPU biases are symmetric about zero (die siblings price each other)
+SYMMETRIC = ("sibling",)
+BY_SIBLING_GROUP = ("cross",)  # paths whose random-effect unit is the die-sibling group, not the GPU  # paths whose GPU biases are symmetric about zero (die siblings price each other)
 _GRID = np.linspace(0.0005, 0.9995, 1000)  # quantile levels that represent the within-GPU distribution
 COLUMNS = ["path", "family", "device", "unit", "extrapolated", "residual"]
 
@@ -162,10 +166,11 @@ def quantiles(residuals: np.ndarray, devices: np.ndarray | None = None,
 def _fit_group(part: pd.DataFrame, path: str, pooled: bool = False) -> tuple[float, float] | None:
     """A group's (q10, q90), or None when it is too small to stand alone; a path's pooled group always has
     one (plain quantiles where it holds a single GPU)."""
-    by_gpu = path in BY_GPU and part["device"].nunique() >= 2
+    units = part["unit" if path in BY_SIBLING_GROUP else "device"]
+    by_gpu = path in BY_GPU and units.nunique() >= 2
     if part.empty or (not pooled and (len(part) < MIN_ROWS or (path in BY_GPU and not by_gpu))):
         return None
-    return quantiles(part["residual"].to_numpy(), part["device"].to_numpy() if by_gpu else None,
+    return quantiles(part["residual"].to_numpy(), units.to_numpy() if by_gpu else None,
                      centered=path in SYMMETRIC)
 
 

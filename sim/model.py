@@ -41,7 +41,14 @@ from .quantization import checkpoint_formats
 from .schema import Spec, check
 
 DENSE_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Qwen2ForCausalLM",
-               "Gemma2ForCausalLM", "Phi3ForCausalLM")
+               "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Phi3ForCausalLM")
+GEMMA3_ARCHS = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+# transformers' Gemma3TextConfig defaults: the published Gemma-3 configs leave most fields out (vLLM reads them
+# through transformers, which fills these in).
+_GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+                         "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                         "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072,
+                         "tie_word_embeddings": True, "sliding_window": 4096, "sliding_window_pattern": 6}
 MOE_ARCHS = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "MiniMaxM2ForCausalLM",
              "GptOssForCausalLM", "Glm4MoeForCausalLM", "Llama4ForConditionalGeneration", "DeepseekV3ForCausalLM",
              "DeepseekV2ForCausalLM")
@@ -49,7 +56,7 @@ MLA_ARCHS = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
 # Architectures whose attention bias is on q, k and v only (o_proj has none): vLLM's Qwen2, Qwen2-MoE, GLM-4.5.
 QKV_BIAS_ONLY = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM")
 # Architectures vLLM does not serve in fp16 (numerical instability): fp32 on a GPU without bf16.
-FP16_UNSTABLE = ("Gemma2ForCausalLM",)
+FP16_UNSTABLE = ("Gemma2ForCausalLM", *GEMMA3_ARCHS)
 SUPPORTED_ARCHS = DENSE_ARCHS + MOE_ARCHS
 WEIGHT_DTYPES = tuple(FORMATS)
 KV_DTYPES = ("bf16", "fp16", "fp8")
@@ -158,6 +165,9 @@ class ModelConfig:
     with one KV head); rotary_dim: dims RoPE rotates per head (null: all of head_dim; MLA: the
     qk_rope_head_dim part); attention_chunk: chunked local attention on the RoPE layers (Llama-4);
     nope_every: every nope_every-th layer (1-based) runs without RoPE and attends globally (0: none);
+    full_every: with sliding_layers 'all', every full_every-th layer (1-based) attends globally instead
+    (Gemma-3's five local layers to one global; 0: none); vision_params: the vision encoder and projector
+    vLLM loads beside the language model (memory only: text requests run none of its kernels);
     attention_sinks: one learned logit per head in the softmax (gpt-oss); weight_dtype is the format of
     the linear layers, weight_formats the components stored otherwise (embedding, LM head, router and
     norms are always 16-bit); kv_dtype the KV-cache dtype; derived_max_model_len: the context vLLM allows
@@ -191,6 +201,8 @@ class ModelConfig:
     rotary_dim: int | None = None
     attention_chunk: int = 0
     nope_every: int = 0
+    full_every: int = 0
+    vision_params: int = 0
     attention_sinks: bool = False
     mla: MlaConfig | None = None
     weight_formats: ComponentFormats = ComponentFormats()
@@ -345,6 +357,8 @@ class ModelConfig:
                                  self.weight_format("shared_experts"), "tp"),
                       WeightPart("router", n_moe * (h + moe.bias) * moe.experts, self.router_dtype, "none")]
         parts.append(WeightPart("norms", n_layers * h * (4 if self.sandwich_norms else 2) + h, ab, "none"))
+        if self.vision_params:
+            parts.append(WeightPart("vision", self.vision_params, ab, "tp"))
         return tuple(parts)
 
     def param_counts(self) -> dict[str, int]:
@@ -422,6 +436,8 @@ _FIELDS = {
     "sliding_layers": Spec("choice", choices=SLIDING_LAYERS),
     "attention_chunk": Spec("nonneg", default=0),
     "nope_every": Spec("nonneg", default=0),
+    "full_every": Spec("nonneg", default=0),
+    "vision_params": Spec("nonneg", default=0),
     "mla": Spec("optional_section", fields=_MLA_FIELDS, default=None),
     "moe": Spec("optional_section", fields=_MOE_FIELDS),
     "weight_dtype": Spec("choice", choices=WEIGHT_DTYPES),
@@ -446,6 +462,9 @@ def _check_consistency(m: ModelConfig) -> None:
         fail("attention_chunk", "chunked attention and a sliding window on the same model are not modelled")
     if m.nope_every > m.layers:
         fail("nope_every", f"{m.nope_every} exceeds layers = {m.layers}")
+    if m.full_every and (m.sliding_layers != "all" or m.full_every > m.layers):
+        fail("full_every", f"{m.full_every}: global layers among sliding ones need sliding_layers 'all' and at most "
+                           f"layers = {m.layers}")
     if m.mla:
         _check_mla(m, fail)
     elif m.architecture in MLA_ARCHS:
@@ -499,7 +518,8 @@ def _layer_plan(model: ModelConfig) -> tuple[LayerSpec, ...]:
     """ModelConfig.layer_plan, built once per config (the simulator's pricers ask for it per kernel table)."""
     plan = []
     for i in range(model.layers):
-        sliding = model.sliding_layers == "all" or (model.sliding_layers == "even" and i % 2 == 0)
+        sliding = (model.sliding_layers == "all" and not (model.full_every and (i + 1) % model.full_every == 0)) \
+            or (model.sliding_layers == "even" and i % 2 == 0)
         rope = not (model.nope_every and (i + 1) % model.nope_every == 0)
         moe = bool(model.moe) and i >= model.moe.first_dense and (i + 1) % model.moe.every == 0
         plan.append(LayerSpec(window=model.sliding_window if sliding else 0,
@@ -576,12 +596,15 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
     if not isinstance(arch, str) or arch not in SUPPORTED_ARCHS:
         raise KernelsightError(f"{source}: architecture {arch!r} is not supported"
                                f"{did_you_mean(str(arch), SUPPORTED_ARCHS)}; supported: {', '.join(SUPPORTED_ARCHS)}")
+    if arch in GEMMA3_ARCHS:
+        config = _with_gemma3_defaults(config, arch, source)
     top = HfReader(config, source)
     get = top
-    if arch == "Llama4ForConditionalGeneration":  # the language model's fields; dtype and quantization stay on top
+    if arch in ("Llama4ForConditionalGeneration", "Gemma3ForConditionalGeneration"):
+        # the language model's fields; dtype and quantization stay on top
         get = top.section("text_config")
         if get is None:
-            raise KernelsightError(f"{source}: missing field 'text_config' (the Llama-4 language model)")
+            raise KernelsightError(f"{source}: missing field 'text_config' (the {arch} language model)")
     hidden, heads = get("hidden_size", "pos"), get("num_attention_heads", "pos")
     layers = get("num_hidden_layers", "pos")
     mla = _hf_mla(get) if arch in MLA_ARCHS else None
@@ -602,12 +625,13 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
     if act_name not in _HF_ACTIVATIONS:
         raise KernelsightError(f"{source}: activation {act_name!r} is not supported; "
                                f"known: {', '.join(_HF_ACTIVATIONS)}")
-    window, sliding_layers = _hf_sliding(get, arch, layers)
+    window, sliding_layers, full_every = _hf_sliding(get, arch, layers)
     moe, intermediate = _hf_moe(get, arch, layers)
     max_position = get("max_position_embeddings", "pos")
-    derived = _hf_derived_max_len(get, max_position)
+    # vLLM: Gemma-3's max_position_embeddings is already the scaled context (its rope_scaling is not applied)
+    derived = max_position if arch in GEMMA3_ARCHS else _hf_derived_max_len(get, max_position)
     chunk = nope_every = 0
-    qk_norm = "head" if arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM") else "none"
+    qk_norm = "head" if arch in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", *GEMMA3_ARCHS) else "none"
     rotary_dim = None
     if arch == "Glm4MoeForCausalLM":  # vLLM: per-head q/k RMSNorm when use_qk_norm; RoPE on a share of head_dim
         qk_norm = "head" if get("use_qk_norm", "bool", default=False) else "none"
@@ -650,12 +674,14 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
         attention_bias=arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM") or get("attention_bias", "bool",
                                                                                   default=False),
         attention_sinks=arch == "GptOssForCausalLM",
-        sandwich_norms=arch == "Gemma2ForCausalLM",
+        sandwich_norms=arch in ("Gemma2ForCausalLM", *GEMMA3_ARCHS),
         logit_softcap=get("final_logit_softcapping", "number", default=0.0),
         sliding_window=window,
         sliding_layers=sliding_layers,
         attention_chunk=chunk,
         nope_every=nope_every,
+        full_every=full_every,
+        vision_params=_hf_vision_params(top, hidden) if arch == "Gemma3ForConditionalGeneration" else 0,
         mla=mla,
         moe=moe,
         weight_dtype=base_dtype,
@@ -683,6 +709,32 @@ def _with_formats(model: ModelConfig, formats: dict, kv: str) -> ModelConfig:
     others = {c: f for c, f in full.items() if f != main}
     return replace(model, weight_dtype=main, weight_formats=ComponentFormats(**others), kv_dtype=kv)
 
+
+
+def _with_gemma3_defaults(config: Mapping, arch: str, source: str) -> dict:
+    """The config with transformers' Gemma3TextConfig defaults under the fields it leaves out (in text_config
+    for Gemma3ForConditionalGeneration)."""
+    if arch == "Gemma3ForCausalLM":
+        return {**_GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in config.items() if v is not None}}
+    text = config.get("text_config")
+    if not isinstance(text, Mapping):
+        raise KernelsightError(f"{source}: field 'text_config' must be a mapping (the Gemma-3 language model)")
+    return {**config, "text_config": {**_GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in text.items() if v is not None}}}
+
+
+def _hf_vision_params(top: HfReader, text_hidden: int) -> int:
+    """Parameters of Gemma-3's SigLIP vision tower and its projector into the language model, from vision_config
+    (transformers' SiglipVisionConfig defaults where a field is absent): per layer the attention's four
+    projections and the MLP's two (biases and norms left out), the patch and position embeddings, the
+    projection to text_hidden."""
+    vision = top.section("vision_config")
+    if vision is None:
+        return 0
+    h, inner = vision("hidden_size", "pos", default=768), vision("intermediate_size", "pos", default=3072)
+    layers, patch = vision("num_hidden_layers", "pos", default=12), vision("patch_size", "pos", default=16)
+    image, channels = vision("image_size", "pos", default=224), vision("num_channels", "pos", default=3)
+    return layers * (4 * h * h + 2 * h * inner) + channels * patch * patch * h + (image // patch) ** 2 * h \
+        + h * text_hidden
 
 
 def _hf_torch_dtype(get: HfReader) -> str:
@@ -721,34 +773,41 @@ def _hf_derived_max_len(get: HfReader, max_position: int) -> int:
 _LAYER_TYPES = {"sliding_attention": True, "full_attention": False}
 
 
-def _hf_sliding(get: HfReader, arch: str, layers: int) -> tuple[int, str]:
+def _hf_sliding(get: HfReader, arch: str, layers: int) -> tuple[int, str, int]:
+    """(sliding window, sliding_layers, full_every) as vLLM reads the config."""
     window = get("sliding_window", "nonneg", default=0)
     if arch == "Gemma2ForCausalLM":
-        return (window or 4096), "even"
+        return (window or 4096), "even", 0
     if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
         if get("use_sliding_window", "bool", default=False):
             raise KernelsightError(f"{get.source}: use_sliding_window = true (sliding window from max_window_layers "
                                    f"on) is not supported")
-        return 0, "none"
+        return 0, "none", 0
     if arch in ("LlamaForCausalLM", "MiniMaxM2ForCausalLM", "Llama4ForConditionalGeneration",
                 "DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "Glm4MoeForCausalLM"):
-        return 0, "none"  # vLLM passes these no window (MiniMax-M2's attention takes none from its config)
-    if arch == "GptOssForCausalLM":
+        return 0, "none", 0  # vLLM passes these no window (MiniMax-M2's attention takes none from its config)
+    if arch in ("GptOssForCausalLM", *GEMMA3_ARCHS):
         types = get.raw("layer_types")
-        if types is None:  # transformers' default: sliding on even layers
+        if types is None and arch == "GptOssForCausalLM":  # transformers' default: sliding on even layers
             types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+        elif types is None:  # Gemma-3: every sliding_window_pattern-th layer global, the others sliding
+            every = get("sliding_window_pattern", "pos")
+            types = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
         sliding = _hf_layer_types(get, types, layers)
-        pattern = ("none" if not any(sliding) else "all" if all(sliding)
-                   else "even" if sliding == [i % 2 == 0 for i in range(layers)] else None)
+        full = [i for i, x in enumerate(sliding) if not x]
+        every = full[0] + 1 if full else 0
+        pattern = ("none", 0) if not any(sliding) else ("all", 0) if all(sliding) \
+            else ("even", 0) if sliding == [i % 2 == 0 for i in range(layers)] \
+            else ("all", every) if full == [i for i in range(layers) if (i + 1) % every == 0] else None
         if pattern is None:
             at = [i for i, x in enumerate(sliding) if x]
             raise KernelsightError(f"{get.source}: field {get.prefix + 'layer_types'!r}: sliding_attention on layers "
                                    f"{at[:6]}{'...' if len(at) > 6 else ''}; sliding layers are modelled on every "
-                                   f"layer, on the even layers or on none")
-        if pattern != "none" and not window:
+                                   f"layer, on the even layers, on all but every n-th or on none")
+        if pattern[0] != "none" and not window:
             get.fail("sliding_window", "sliding_attention layers need a window >= 1")
-        return (window, pattern) if pattern != "none" else (0, "none")
-    return window, ("all" if window else "none")
+        return (window, *pattern) if pattern[0] != "none" else (0, "none", 0)
+    return window, ("all" if window else "none"), 0
 
 
 def _hf_layer_types(get: HfReader, types: Any, layers: int) -> list[bool]:

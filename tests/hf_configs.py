@@ -33,5 +33,24 @@ QWEN15_MOE = {  # Qwen/Qwen1.5-MoE-A2.7B
     "decoder_sparse_step": 1, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
     "num_experts_per_tok": 4, "num_experts": 60, "norm_topk_prob": False,
 }
+GEMMA3_27B = {  # google/gemma-3-27b-it: the language model's text_config names only what differs from the defaults
+    "architectures": ["Gemma3ForConditionalGeneration"], "mm_tokens_per_image": 256, "model_type": "gemma3",
+    "text_config": {"head_dim": 128, "hidden_size": 5376, "intermediate_size": 21504, "model_type": "gemma3_text",
+                    "num_attention_heads": 32, "num_hidden_layers": 62, "num_key_value_heads": 16,
+                    "query_pre_attn_scalar": 168, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                    "sliding_window": 1024},
+    "torch_dtype": "bfloat16",
+    "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                      "model_type": "siglip_vision_model", "num_attention_heads": 16, "num_hidden_layers": 27,
+                      "patch_size": 14, "vision_use_head": False},
+}
+GEMMA3_1B = {  # google/gemma-3-1b-it
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attn_logit_softcapping": None,
+    "final_logit_softcapping": None, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+    "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+    "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1, "query_pre_attn_scalar": 256,
+    "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000, "rope_scaling": None, "rope_theta": 1000000,
+    "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16", "vocab_size": 262144,
+}
 CONFIGS = {"glm-4.5-air": GLM_45_AIR, "glm-4.5": GLM_45, "deepseek-v2-lite": DEEPSEEK_V2_LITE,
-           "qwen1.5-moe-a2.7b": QWEN15_MOE}
+           "qwen1.5-moe-a2.7b": QWEN15_MOE, "gemma-3-27b": GEMMA3_27B, "gemma-3-1b": GEMMA3_1B}

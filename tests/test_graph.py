@@ -565,6 +565,9 @@ ROOFLINE_CASES = [  # model, its config.json, formats by hand, KV bytes, GPU, la
     ("glm-4.5", CONFIGS["glm-4.5"], _formats(), 2, "b200_sxm", dict(tp=8, ep=8)),
     ("deepseek-v2-lite", CONFIGS["deepseek-v2-lite"], _formats(), 2, "h100_sxm", dict(tp=1)),
     ("qwen1.5-moe-a2.7b", CONFIGS["qwen1.5-moe-a2.7b"], _formats(), 2, "h100_sxm", dict(tp=1)),
+    ("gemma-3-1b", {**CONFIGS["gemma-3-1b"],  # layer_types spelled out for the hand count: 5 sliding, 1 global
+                    "layer_types": ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(26)]},
+     _formats(), 2, "h100_sxm", dict(tp=1)),
 ]
 
 

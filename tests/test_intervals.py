@@ -134,6 +134,25 @@ def test_die_siblings_are_held_out_together():
     assert res.loc[res["path"] == "target", "unit"].str.contains(" fold ").all()
 
 
+def test_die_siblings_are_one_draw_of_the_cross_paths_gpu_bias():
+    """Two die siblings and a third GPU: the siblings' near-equal biases are one unit, not two (their cross
+    residuals come from models that saw each other), so the family has two independent units and its interval
+    takes the Student-t factor of K = 2; counted as three GPUs the spread looked known and the interval was
+    narrower. One unit alone is too few: the path's pooled quantiles stand in."""
+    rng = np.random.default_rng(11)
+    biases = {"h100_sxm": 0.3, "h200_sxm": 0.32, "l40s": -0.3}
+    res = pd.DataFrame({"path": "cross", "family": "gemm", "device": np.repeat(list(biases), 300),
+                        "extrapolated": False,
+                        "residual": np.concatenate([rng.normal(b, 0.03, 300) for b in biases.values()])})
+    res["unit"] = res["device"].map(sibling_groups(list(biases)))
+    grouped = fit_intervals(res)["cross"]["gemm"]
+    by_gpu = quantiles(res["residual"].to_numpy(), res["device"].to_numpy())
+    assert grouped["p90"] - grouped["p10"] > 1.5 * (by_gpu[1] - by_gpu[0])
+    one_unit = res[res["unit"] == "h100_sxm+h200_sxm"].assign(family="act")   # two GPUs, one die
+    fitted = fit_intervals(pd.concat([res, one_unit]))
+    assert "gemm" in fitted["cross"] and "act" not in fitted["cross"]   # the pooled '*' prices act
+
+
 def test_extrapolated_rows_get_their_own_wider_group():
     res = residual_frame(scored(np.random.default_rng(5)))
     res["extrapolated"] = np.arange(len(res)) % 2 == 0

@@ -456,6 +456,24 @@ MORE_ARCHITECTURES = {
 }
 
 
+def test_gemma3_from_its_sparse_config_json_and_its_five_local_layers_to_one_global():
+    big = from_hf(CONFIGS["gemma-3-27b"], "g27", "g27/config.json")   # text_config lists only what differs
+    assert big.num_params() == pytest.approx(27.4e9, rel=0.01)         # the card's count, vision tower included
+    assert big.param_counts()["vision"] == pytest.approx(0.42e9, rel=0.03)  # SigLIP-So400m and its projector
+    assert (big.vocab, big.tied_embeddings, big.activation, big.qk_norm, big.sandwich_norms) == (
+        262208, True, "gelu_tanh_mul", "head", True)
+    assert big.context_limit == 131072   # vLLM: Gemma-3's linear rope_scaling is already in max_position
+    assert [i for i, p in enumerate(big.layer_plan()) if p.window == 0] == list(range(5, 62, 6))
+    assert {k.name: (k.count, k.window) for k in big.attention_kinds()} == {"sliding": (52, 1024), "full": (10, 0)}
+    small = from_hf(CONFIGS["gemma-3-1b"], "g1", "g1/config.json")
+    assert small.num_params() == pytest.approx(1.0e9, rel=0.01) and small.vision_params == 0
+    types = ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(26)]
+    assert from_hf({**CONFIGS["gemma-3-1b"], "layer_types": types}, "g1", "g1/config.json") == small
+    with pytest.raises(KernelsightError, match=r"g1/config.json: field 'layer_types': sliding_attention on layers"):
+        from_hf({**CONFIGS["gemma-3-1b"], "layer_types": ["full_attention"] * 3 + ["sliding_attention"] * 23},
+                "g1", "g1/config.json")
+
+
 @pytest.mark.parametrize("name", sorted(MORE_ARCHITECTURES))
 def test_more_moe_architectures_from_their_config_json(name):
     raw = CONFIGS[name]
@@ -699,5 +717,6 @@ def test_served_on_a_gpu_without_bf16_runs_fp16_as_vllm_does():
     with pytest.raises(KernelsightError, match=r"llama3.1-70b-fp8 on v100_sxm: its fp8 attention weights need fp8 "
                                                r"tensor cores .* vLLM refuses this checkpoint there"):
         load_model("llama3.1-70b-fp8").served_on(v100)
+    assert from_hf(CONFIGS["gemma-3-1b"], "g1", "g1/config.json").served_on(v100).act_dtype == "fp32"
     with pytest.raises(KernelsightError, match="has no bf16 peak"):   # the plain dtype is never swapped silently
         v100.peak_flops("bf16")

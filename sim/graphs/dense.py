@@ -1,6 +1,7 @@
-"""Dense GQA decoders (Llama, Mistral, Qwen2/3, Gemma-2, Phi-3): per layer qkv GEMM, Qwen3's per-head
-q/k norm, RoPE, KV write, attention, o_proj, TP all-reduce, then the gated MLP and its all-reduce.
-Gemma-2's sandwich norms and final soft-capping are step-level (sim/graph.py)."""
+"""Dense GQA decoders (Llama, Mistral, Qwen2/3, Gemma-2/3, Phi-3): per layer qkv GEMM, Qwen3's and Gemma-3's
+per-head q/k norm, RoPE, KV write, attention, o_proj, TP all-reduce, then the gated MLP and its all-reduce.
+Gemma's sandwich norms and Gemma-2's final soft-capping are step-level (sim/graph.py); Gemma-3's global
+layers among its sliding ones are an attention kind of their own (ModelConfig.full_every)."""
 from __future__ import annotations
 
 from ..model import DENSE_ARCHS
