@@ -146,8 +146,17 @@ def typed_configs(cfg: Mapping, sources: Mapping | None = None) -> tuple[ModelCo
 
     def typed(group: str):
         cls, value = GROUPS[group], cfg[group]
-        return value if isinstance(value, cls) else cls.from_mapping(plain(value), sources.get(group,
-                                                                                               f"{group} config"))
+        if isinstance(value, cls):
+            return value
+        source = sources.get(group, f"{group} config")
+        try:
+            return cls.from_mapping(plain(value), source)
+        except KernelsightError as exc:
+            if source == f"{group} mapping" and "missing field" in str(exc):  # a partial mapping given as the group
+                raise KernelsightError(f"{exc}; a mapping passed as {group}= is the whole group config: to change "
+                                       f"fields of a shipped one, pass them as overrides, e.g. "
+                                       f"**{{'{group}.{next(iter(value), 'field')}': ...}}") from None
+            raise
 
     parallel = typed("parallel")
     return typed("model"), typed("hardware").on_network(parallel.net_gbs_per_gpu), typed("engine"), parallel

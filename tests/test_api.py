@@ -112,6 +112,8 @@ def test_groups_take_names_aliases_mappings_and_typed_configs():
     ({"model": load_model("llama3.1-8b"), "model.layers": 2}, r"model is a ModelConfig object"),
     ({"plots": False}, r"plots: a setting of the `kernelsight simulate` command"),
     ({"num_requests": 0}, r"num_requests=0: must be an integer >= 1"),
+    ({"parallel": {"tp": 2}}, r"parallel mapping: missing field 'name'; a mapping passed as parallel= is the whole "
+                              r"group config: .* \*\*\{'parallel.tp': \.\.\.\}"),
 ])
 def test_bad_names_and_settings_are_one_line_errors(kwargs, message):
     with pytest.raises(kernelsight.KernelsightError, match=message) as e:
