@@ -241,6 +241,10 @@ def test_model_that_does_not_fit_is_one_line_with_the_numbers():
     assert "\n" not in message
     assert "does not fit on h100_sxm: 131.4 GiB of weights per GPU at tp=1" in message
     assert "71.3 GiB usable" in message
+    assert "at least parallel.tp=2)" in message   # 131.4 GiB over two GPUs fits 71.3 each
+    with pytest.raises(KernelsightError, match=r"at least parallel.tp=4\)"):  # 199 GiB: two GPUs are not enough
+        memory_plan(load_model("glm-4.5-air"), load_hardware("h100_sxm"), load_engine("vllm_v1"),
+                    load_parallel("default"))
 
 
 def test_engine_profile_schema_refuses_bad_values(tmp_path):
