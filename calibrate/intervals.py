@@ -65,8 +65,8 @@ MIN_ROWS = 50
 PATHS = ("target", "cross", "sibling")
 EXTRAPOLATED = " extrapolated"
 BY_GPU = ("cross", "sibling")  # paths whose quantiles treat the GPU as the unit (random effects)
-SYMMETRIC = ("sibling",)
-BY_SIBLING_GROUP = ("cross",)  # paths whose random-effect unit is the die-sibling group, not the GPU  # paths whose GPU biases are symmetric about zero (die siblings price each other)
+SYMMETRIC = ("sibling",)  # paths whose GPU biases are symmetric about zero (die siblings price each other)
+BY_SIBLING_GROUP = ("cross",)  # paths whose random-effect unit is the die-sibling group, not the GPU
 _GRID = np.linspace(0.0005, 0.9995, 1000)  # quantile levels that represent the within-GPU distribution
 COLUMNS = ["path", "family", "device", "unit", "extrapolated", "residual"]
 

@@ -85,7 +85,8 @@ def _write_report(cfg, v: Validation, df: pd.DataFrame, rows: pd.DataFrame, tier
     covered = serving_error.coverage(df).set_index(["tier", "metric"]).drop(columns="rows")
     if not covered.empty:
         print("measured inside the simulated 80 % range, held out: " + "; ".join(
-            f"{tier} {metric} " + ", ".join(f"{name.removesuffix(' %')} {x:.0f} %" for name, x in values.items() if x == x)
+            f"{tier} {metric} " + ", ".join(f"{name.removesuffix(' %')} {x:.0f} %"
+                                            for name, x in values.items() if x == x)
             for (tier, metric), values in covered.iterrows()))
     for (tier, _), s in zip(tiers, scores):
         for message in s.warnings:  # one line per family the bundle does not cover

@@ -12,11 +12,12 @@ weights through a weight-only kernel: Marlin dequantises them to 16 bits in regi
 | fp8_block | e4m3, one fp32 scale per 128x128 block     | fp8                  | bf16      |
 | nvfp4     | e2m1, one e4m3 scale per 16 weights        | fp4                  | bf16      |
 | mxfp4     | e2m1, one e8m0 scale per 32 weights        | fp4                  | bf16      |
-| w4a16     | int4, one bf16 scale per group of 128      | bf16                 | bf16      |
+| w4a16     | int4, one bf16 scale per group of 128      | bf16                 | fp16      |
 | w4a16_mxfp4 | MXFP4 weights, 16-bit activations (Marlin) | bf16               | bf16      |
 | w4a8_mxfp4  | MXFP4 weights, MXFP8 activations           | fp8                  | bf16      |
 
-On a GPU without bf16 (V100, T4) int4 weight-only math is fp16, as vLLM's AWQ / GPTQ kernels run there.
+int4 weight-only math runs in fp16 on a GPU without bf16 (V100, T4: vLLM's AWQ / GPTQ kernels); the fp8 and
+fp4 formats' weight-only kernels (Marlin) need Ampere, so they have no fallback there (no bf16 peak: refused).
 """
 from __future__ import annotations
 
@@ -44,15 +45,12 @@ FORMATS: dict[str, WeightFormat] = {f.name: f for f in (
     WeightFormat("fp8_block", 1.0 + 4.0 / (128 * 128), "fp8", "bf16", 1.0 + 4.0 / 128),
     WeightFormat("nvfp4", 0.5 + 1.0 / 16, "fp4", "bf16", 0.5 + 1.0 / 16),
     WeightFormat("mxfp4", 0.5 + 1.0 / 32, "fp4", "bf16", 0.5 + 1.0 / 32),
-    WeightFormat("w4a16", 0.5 + 2.0 / 128, "bf16", "bf16", 2.0),
+    WeightFormat("w4a16", 0.5 + 2.0 / 128, "bf16", "fp16", 2.0),
     WeightFormat("w4a16_mxfp4", 0.5 + 1.0 / 32, "bf16", "bf16", 2.0),
     WeightFormat("w4a8_mxfp4", 0.5 + 1.0 / 32, "fp8", "bf16", 1.0 + 1.0 / 32),
 )}
 # fp8 weights on a GPU without fp8 tensor cores run weight-only (Marlin), as the 4-bit formats do.
 FORMATS["fp8"] = WeightFormat("fp8", 1.0, "fp8", "bf16", 1.0)
-
-#: Formats whose weight-only kernels also run in fp16, on GPUs without bf16 (compute_dtype).
-FP16_WEIGHT_ONLY = ("w4a16",)
 
 #: Bytes per element (per weight for formats) of every canonical name.
 BYTES = {name: f.bytes for name, f in FORMATS.items()}
@@ -85,12 +83,6 @@ def weight_format(name) -> WeightFormat:
 
 
 def compute_dtype(name, supported) -> str:
-    """The dtype whose peak prices `name`'s math on a GPU whose peaks are known for `supported`. int4
-    weight-only math runs in fp16 on a GPU without bf16 (vLLM's AWQ and GPTQ kernels before Ampere); the
-    fp8 and fp4 formats' weight-only kernels (Marlin) need Ampere, so they keep bf16 there (no peak: refused)."""
+    """The dtype whose peak prices `name`'s math on a GPU whose peaks are known for `supported`."""
     fmt = weight_format(name)
-    if fmt.compute in supported:
-        return fmt.compute
-    if fmt.name in FP16_WEIGHT_ONLY and "bf16" not in supported and "fp16" in supported:
-        return "fp16"
-    return fmt.fallback
+    return fmt.compute if fmt.compute in supported else fmt.fallback

@@ -100,8 +100,8 @@ def memory_plan(model: ModelConfig, hw, engine: EngineProfile, par: ParallelConf
         raise KernelsightError(
             f"model {model.name} does not fit on {hw.key}: {weights / GiB:.1f} GiB of weights per GPU at {layout}, "
             f"but only {requested / GiB:.1f} GiB usable ({total / GiB:.1f} GiB x gpu_memory_utilization {util}); "
-            f"use more tensor/pipeline parallelism (at least parallel.tp={par.tp * 2 ** math.ceil(math.log2(weights / requested))}) "
-            f"or a GPU with more memory")
+            f"use more tensor/pipeline parallelism (at least parallel.tp="
+            f"{par.tp * 2 ** math.ceil(math.log2(weights / requested))}) or a GPU with more memory")
     activations = activation_peak_bytes(model, engine, par)
     non_torch = (mem.non_torch_gib + (mem.collective_buffers_gib if par.gpus_per_replica > 1 else 0.0)) * GiB
     graphs = mem.cuda_graph_gib * GiB

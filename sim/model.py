@@ -246,8 +246,7 @@ class ModelConfig:
                                                                            FP16_UNSTABLE)]
         if not choices:
             raise KernelsightError(f"model {self.name} on {hw.key}: the GPU has no {act} peak in the hardware "
-                                   f"catalog and vLLM would not serve this architecture in "
-                                   f"{' or '.join(d for d in ('fp16', 'fp32') if d != act)} there either")
+                                   f"catalog and vLLM would not serve this architecture in fp16 or fp32 there")
         served = choices[0]
 
         def swap(fmt):
@@ -443,7 +442,6 @@ _FIELDS = {
     "weight_dtype": Spec("choice", choices=WEIGHT_DTYPES),
     "weight_formats": Spec("optional_section", fields=_FORMAT_FIELDS, default=None),
     "kv_dtype": Spec("choice", choices=KV_DTYPES),
-    "served_dtype": Spec("choice", choices=("bf16", "fp16", "fp32"), nullable=True, default=None),
 }
 
 
@@ -513,13 +511,19 @@ def _check_mla(m: ModelConfig, fail) -> None:
 
 # -- loading ----------------------------------------------------------------------
 
+def _sliding_at(i: int, sliding_layers: str, full_every: int) -> bool:
+    """Whether layer i (from 0) attends in the sliding window (ModelConfig.sliding_layers, full_every)."""
+    if sliding_layers == "even":
+        return i % 2 == 0
+    return sliding_layers == "all" and not (full_every and (i + 1) % full_every == 0)
+
+
 @lru_cache(maxsize=64)
 def _layer_plan(model: ModelConfig) -> tuple[LayerSpec, ...]:
     """ModelConfig.layer_plan, built once per config (the simulator's pricers ask for it per kernel table)."""
     plan = []
     for i in range(model.layers):
-        sliding = (model.sliding_layers == "all" and not (model.full_every and (i + 1) % model.full_every == 0)) \
-            or (model.sliding_layers == "even" and i % 2 == 0)
+        sliding = _sliding_at(i, model.sliding_layers, model.full_every)
         rope = not (model.nope_every and (i + 1) % model.nope_every == 0)
         moe = bool(model.moe) and i >= model.moe.first_dense and (i + 1) % model.moe.every == 0
         plan.append(LayerSpec(window=model.sliding_window if sliding else 0,
@@ -794,11 +798,9 @@ def _hf_sliding(get: HfReader, arch: str, layers: int) -> tuple[int, str, int]:
             every = get("sliding_window_pattern", "pos")
             types = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
         sliding = _hf_layer_types(get, types, layers)
-        full = [i for i, x in enumerate(sliding) if not x]
-        every = full[0] + 1 if full else 0
-        pattern = ("none", 0) if not any(sliding) else ("all", 0) if all(sliding) \
-            else ("even", 0) if sliding == [i % 2 == 0 for i in range(layers)] \
-            else ("all", every) if full == [i for i in range(layers) if (i + 1) % every == 0] else None
+        every = sliding.index(False) + 1 if False in sliding else 0   # the first global layer, 1-based
+        pattern = next((p for p in (("none", 0), ("all", 0), ("even", 0), ("all", every))
+                        if [_sliding_at(i, *p) for i in range(layers)] == sliding), None)
         if pattern is None:
             at = [i for i, x in enumerate(sliding) if x]
             raise KernelsightError(f"{get.source}: field {get.prefix + 'layer_types'!r}: sliding_attention on layers "

@@ -25,7 +25,6 @@ from kernelsight.sim.model import load_model
 from kernelsight.sim.parallel import ParallelConfig, load_parallel
 from kernelsight.sim.pricing import StepPricer
 
-from hf_configs import CONFIGS
 
 H100 = load_hardware("h100_sxm")
 ENGINE = load_engine("vllm_v1")
@@ -398,7 +397,7 @@ def test_qwen2_moe_shared_gate_and_glm_partial_rope_from_config_json():
     from kernelsight.sim.model import from_hf
 
     def calls(name, parallel):
-        model = from_hf(CONFIGS[name], name, f"{name}/config.json")
+        model = load_model(name)
         return {c.name: c for c in step_kernels(model, MIXED, parallel, ENGINE)}, model
 
     c, qwen = calls("qwen1.5-moe-a2.7b", load_parallel("default"))
@@ -560,12 +559,12 @@ ROOFLINE_CASES = [  # model, its config.json, formats by hand, KV bytes, GPU, la
     ("qwen3-235b-a22b-nvfp4", "nvidia--Qwen3-235B-A22B-NVFP4_config.json", _formats("nvfp4"), 1, "h200_sxm",
      dict(tp=8, ep=8)),
     ("llama3.1-405b", "meta-llama--Meta-Llama-3.1-405B_config.json", _formats(), 2, "h200_sxm", dict(tp=8)),
-    # architectures of no shipped model, from their cards' config.json (tests/hf_configs.py)
-    ("glm-4.5-air", CONFIGS["glm-4.5-air"], _formats(), 2, "h100_sxm", dict(tp=4)),
-    ("glm-4.5", CONFIGS["glm-4.5"], _formats(), 2, "b200_sxm", dict(tp=8, ep=8)),
-    ("deepseek-v2-lite", CONFIGS["deepseek-v2-lite"], _formats(), 2, "h100_sxm", dict(tp=1)),
-    ("qwen1.5-moe-a2.7b", CONFIGS["qwen1.5-moe-a2.7b"], _formats(), 2, "h100_sxm", dict(tp=1)),
-    ("gemma-3-1b", {**CONFIGS["gemma-3-1b"],  # layer_types spelled out for the hand count: 5 sliding, 1 global
+    ("glm-4.5-air", "zai-org--GLM-4.5-Air_config.json", _formats(), 2, "h100_sxm", dict(tp=4)),
+    ("glm-4.5", "zai-org--GLM-4.5_config.json", _formats(), 2, "b200_sxm", dict(tp=8, ep=8)),
+    ("deepseek-v2-lite", "deepseek-ai--DeepSeek-V2-Lite_config.json", _formats(), 2, "h100_sxm", dict(tp=1)),
+    ("qwen1.5-moe-a2.7b", "Qwen--Qwen1.5-MoE-A2.7B_config.json", _formats(), 2, "h100_sxm", dict(tp=1)),
+    ("gemma-3-1b", {**json.loads((conf_dir() / "model" / "hf" / "google--gemma-3-1b-it_config.json").read_text()),
+                    # layer_types spelled out for the hand count: 5 sliding, 1 global
                     "layer_types": ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(26)]},
      _formats(), 2, "h100_sxm", dict(tp=1)),
 ]

@@ -14,7 +14,6 @@ from kernelsight.sim.memory import GiB, kv_cache_blocks, memory_plan
 from kernelsight.sim.model import ModelConfig, from_hf, list_models, load_hf_config, load_model, model_dir
 from kernelsight.sim.parallel import ParallelConfig, load_parallel, shard, weight_bytes_per_gpu
 
-from hf_configs import CONFIGS, GLM_45_AIR, QWEN15_MOE
 
 PROVENANCE = ("name", "hf_repo", "hf_config")
 
@@ -394,6 +393,11 @@ def _raw(model) -> dict:
     return {**raw, **raw.get("text_config", {})}
 
 
+def _card(name: str) -> dict:
+    """The config.json a shipped model was written from (conf/model/hf), as the file holds it."""
+    return json.loads((model_dir() / load_model(name).hf_config).read_text())
+
+
 # Fields of the new architectures' YAML files against the raw config.json, key by key (independent of the parser).
 RAW_FIELDS = {
     "GptOssForCausalLM": {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
@@ -450,7 +454,7 @@ def test_new_architectures_take_their_sizes_from_config_json(name):
                                                           raw["num_hidden_layers"] - raw["first_k_dense_replace"])
 
 
-# Model cards' counts (total, active) of the configs in tests/hf_configs.py, and what their active count leaves
+# Model cards' counts (total, active) of the models built from these configs, and what their active count leaves
 # out: GLM counts neither the embedding nor the LM head, DeepSeek-V2-Lite not the embedding, Qwen1.5-MoE both in.
 MORE_ARCHITECTURES = {
     "glm-4.5": (355e9, 32e9, ("embedding", "lm_head")),  # the total holds the MTP layer, which vLLM skips (~1 %)
@@ -461,7 +465,7 @@ MORE_ARCHITECTURES = {
 
 
 def test_gemma3_from_its_sparse_config_json_and_its_five_local_layers_to_one_global():
-    big = from_hf(CONFIGS["gemma-3-27b"], "g27", "g27/config.json")   # text_config lists only what differs
+    big = from_hf(_card("gemma-3-27b"), "g27", "g27/config.json")   # text_config lists only what differs
     assert big.num_params() == pytest.approx(27.4e9, rel=0.01)         # the card's count, vision tower included
     assert big.param_counts()["vision"] == pytest.approx(0.42e9, rel=0.03)  # SigLIP-So400m and its projector
     assert (big.vocab, big.tied_embeddings, big.activation, big.qk_norm, big.sandwich_norms) == (
@@ -469,18 +473,18 @@ def test_gemma3_from_its_sparse_config_json_and_its_five_local_layers_to_one_glo
     assert big.context_limit == 131072   # vLLM: Gemma-3's linear rope_scaling is already in max_position
     assert [i for i, p in enumerate(big.layer_plan()) if p.window == 0] == list(range(5, 62, 6))
     assert {k.name: (k.count, k.window) for k in big.attention_kinds()} == {"sliding": (52, 1024), "full": (10, 0)}
-    small = from_hf(CONFIGS["gemma-3-1b"], "g1", "g1/config.json")
+    small = from_hf(_card("gemma-3-1b"), "g1", "g1/config.json")
     assert small.num_params() == pytest.approx(1.0e9, rel=0.01) and small.vision_params == 0
     types = ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(26)]
-    assert from_hf({**CONFIGS["gemma-3-1b"], "layer_types": types}, "g1", "g1/config.json") == small
+    assert from_hf({**_card("gemma-3-1b"), "layer_types": types}, "g1", "g1/config.json") == small
     with pytest.raises(KernelsightError, match=r"g1/config.json: field 'layer_types': sliding_attention on layers"):
-        from_hf({**CONFIGS["gemma-3-1b"], "layer_types": ["full_attention"] * 3 + ["sliding_attention"] * 23},
+        from_hf({**_card("gemma-3-1b"), "layer_types": ["full_attention"] * 3 + ["sliding_attention"] * 23},
                 "g1", "g1/config.json")
 
 
 @pytest.mark.parametrize("name", sorted(MORE_ARCHITECTURES))
 def test_more_moe_architectures_from_their_config_json(name):
-    raw = CONFIGS[name]
+    raw = _card(name)
     model = from_hf(raw, name, f"{name}/config.json")
     total, active, left_out = MORE_ARCHITECTURES[name]
     counts = model.param_counts()
@@ -502,13 +506,13 @@ def test_more_moe_architectures_from_their_config_json(name):
 
 
 def test_qwen_moe_sparse_step_interleaves_dense_layers_and_listed_ones_are_refused():
-    model = from_hf({**QWEN15_MOE, "decoder_sparse_step": 2}, "q", "q/config.json")
+    model = from_hf({**_card("qwen1.5-moe-a2.7b"), "decoder_sparse_step": 2}, "q", "q/config.json")
     assert [i for i, p in enumerate(model.layer_plan()) if p.moe] == list(range(1, 24, 2))
-    assert model.intermediate == QWEN15_MOE["intermediate_size"]
+    assert model.intermediate == _card("qwen1.5-moe-a2.7b")["intermediate_size"]
     with pytest.raises(KernelsightError, match=r"q/config.json: field 'mlp_only_layers'"):
-        from_hf({**QWEN15_MOE, "mlp_only_layers": [0, 3]}, "q", "q/config.json")
+        from_hf({**_card("qwen1.5-moe-a2.7b"), "mlp_only_layers": [0, 3]}, "q", "q/config.json")
     with pytest.raises(KernelsightError, match=r"g/config.json: field 'partial_rotary_factor'"):
-        from_hf({**GLM_45_AIR, "partial_rotary_factor": 0.01}, "g", "g/config.json")
+        from_hf({**_card("glm-4.5-air"), "partial_rotary_factor": 0.01}, "g", "g/config.json")
 
 
 def test_layer_plans_of_hybrid_attention_and_interleaved_moe():
@@ -721,6 +725,6 @@ def test_served_on_a_gpu_without_bf16_runs_fp16_as_vllm_does():
     with pytest.raises(KernelsightError, match=r"llama3.1-70b-fp8 on v100_sxm: its fp8 attention weights need fp8 "
                                                r"tensor cores .* vLLM refuses this checkpoint there"):
         load_model("llama3.1-70b-fp8").served_on(v100)
-    assert from_hf(CONFIGS["gemma-3-1b"], "g1", "g1/config.json").served_on(v100).act_dtype == "fp32"
+    assert from_hf(_card("gemma-3-1b"), "g1", "g1/config.json").served_on(v100).act_dtype == "fp32"
     with pytest.raises(KernelsightError, match="has no bf16 peak"):   # the plain dtype is never swapped silently
         v100.peak_flops("bf16")
