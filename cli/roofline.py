@@ -49,6 +49,13 @@ def _sweep(path, limit: int) -> pd.DataFrame:
     return table
 
 
+def _sliding_note(plan) -> str:
+    if plan.sliding is None:
+        return ""
+    return (f" in the full-attention layers, shared with {plan.sliding.groups} sliding-window group(s) that keep "
+            f"{plan.sliding.window} tokens per request")
+
+
 def _model_steps(cfg) -> pd.DataFrame:
     """The decode and prefill steps of model= on hardware= (printed), as one table with a step column."""
     batch, kv_len = whole_number(cfg.decode.batch, "decode.batch"), whole_number(cfg.decode.kv_len, "decode.kv_len")
@@ -58,7 +65,7 @@ def _model_steps(cfg) -> pd.DataFrame:
     plan, steps = model_steps(model, hw, engine, par, batch, kv_len, tokens, cached)
     print(f"{model.name} on {hw.name} ({hw.key}), tp={par.tp} pp={par.pp} ep={par.ep}, "
           f"weights {model.weight_dtype}, KV cache {model.kv_dtype}: {plan.weights / GiB:.1f} GiB of weights "
-          f"per GPU, {plan.blocks} KV blocks ({plan.kv_tokens:,} tokens)")
+          f"per GPU, {plan.blocks} KV blocks ({plan.kv_tokens:,} tokens{_sliding_note(plan)})")
     for step in steps:
         tokens = step.batch.num_tokens
         print(f"\n{step.title}: roofline {step.total_us / 1e3:.3f} ms per step, "

@@ -58,7 +58,7 @@ import numpy as np
 
 from kernelsight.predictor.errors import KernelsightError, check_seed, did_you_mean
 from kernelsight.sim.context import exceeds_max_model_len
-from kernelsight.sim.kv_cache import KVCacheManager
+from kernelsight.sim.kv_cache import KVCacheManager, SlidingGroups
 from kernelsight.sim.metrics import ServingMetrics
 from kernelsight.sim.request import Request
 from kernelsight.sim.scheduler import ScheduledStep, Scheduler, SchedulerConfig
@@ -318,8 +318,9 @@ class Engine:
         if steps < 2:
             return False
         block_step, block_index = run.blocks(steps, kv.block_size)
-        if len(block_step) > kv.num_free:   # the step that would find no free block preempts: step by step
-            steps = int(block_step[kv.num_free])
+        per_block = 1 + (kv.sliding.groups if kv.sliding else 0)   # a block in the full group and one in each sliding group
+        if len(block_step) * per_block > kv.num_free:   # from the step that could find no free block: step by step
+            steps = int(block_step[kv.num_free // per_block])
             if steps < 2:
                 return False
         guess = steps if replica.period <= 0 or math.isinf(horizon) else \
@@ -437,14 +438,11 @@ class Engine:
         taken = int(block_step.searchsorted(scheduled))   # blocks of the steps scheduled
         reqs = run.requests
         block_slots = run.slots[block_index[:taken]].tolist()
-        if taken:
-            used = kv.num_used + block_step[:taken].searchsorted(np.arange(scheduled), side="right")
-            usage = (used / kv.num_blocks).tolist()
-        else:
-            usage = [kv.usage] * scheduled
-        gpu = prices.gpu_s[:scheduled].tolist()
+        used_before = kv.num_used
+        event_used = [] if kv.sliding else None   # blocks in use after each block taken (the sliding groups
+        gpu = prices.gpu_s[:scheduled].tolist()   # give some back as they take)
         if self.recorder is None:
-            kv.append_blocks([reqs[slot] for slot in block_slots])   # free blocks for all: checked
+            kv.append_blocks([reqs[slot] for slot in block_slots], event_used)   # free blocks for all: checked
         else:  # rows see each step's KV usage, as schedule() leaves it
             block_comp = (run.comp[block_index[:taken]] + block_step[:taken]).tolist()   # computed tokens then
             first = sched.num_steps
@@ -452,16 +450,24 @@ class Engine:
             for j in range(scheduled):
                 while b < taken and block_step[b] == j:
                     kv.append_block(reqs[block_slots[b]], block_comp[b])
+                    if event_used is not None:
+                        event_used.append(kv.num_used)
                     b += 1
                 self.recorder.step(replica, run.scheduled_step(j, first + j), start[j], launch[j], end[j], gpu[j],
                                    prices.host_s)
         sched.advance(run, scheduled, np.asarray(done, dtype=np.float64), list(dict.fromkeys(block_slots)),
                       self.metrics.dist["itl"])
+        if taken:   # blocks in use after each step: after its last block taken (less those given back)
+            events = block_step[:taken].searchsorted(np.arange(scheduled), side="right")
+            used = used_before + events if event_used is None else np.asarray([used_before, *event_used])[events]
+            usage = (used / kv.num_blocks).tolist()
+        else:
+            usage = [kv.usage] * scheduled
         total = self.kv_usage_sum
         for u in usage:
             total += u
         self.kv_usage_sum = total
-        self.kv_usage_max = max(self.kv_usage_max, usage[-1])
+        self.kv_usage_max = max(self.kv_usage_max, usage[-1] if event_used is None else max(usage))
         busy = replica.busy_s
         for g in gpu:
             busy += g
@@ -545,10 +551,11 @@ def _sync_timeline(t: float, host: float, gpu: np.ndarray, horizon: float) -> tu
 
 
 def build_replicas(num_replicas: int, sched_config: SchedulerConfig, num_blocks: int, make_pricer,
-                   pipeline_parallel_size: int = 1) -> list[Replica]:
-    """Identical replicas, each with its own KV pool (num_blocks usable blocks) and pricer."""
+                   pipeline_parallel_size: int = 1, sliding: SlidingGroups | None = None) -> list[Replica]:
+    """Identical replicas, each with its own KV pool (num_blocks usable blocks, shared with the sliding-window
+    groups `sliding` if any) and pricer."""
     replicas = []
     for i in range(num_replicas):
-        kv = KVCacheManager(num_blocks, sched_config.block_size, sched_config.enable_prefix_caching)
+        kv = KVCacheManager(num_blocks, sched_config.block_size, sched_config.enable_prefix_caching, sliding)
         replicas.append(Replica(i, Scheduler(sched_config, kv), make_pricer(), pipeline_parallel_size))
     return replicas

@@ -39,6 +39,7 @@ class SchedulerSettings:
     enable_prefix_caching: bool
     enable_chunked_prefill: bool
     long_prefill_token_threshold: int
+    hybrid_kv_cache: bool = True
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,7 @@ _FIELDS = {
         "enable_prefix_caching": Spec("bool"),
         "enable_chunked_prefill": Spec("bool"),
         "long_prefill_token_threshold": Spec("nonneg"),
+        "hybrid_kv_cache": Spec("bool", default=True),
     }),
     "kernels": Spec("section", fields={
         "fused_add_rms_norm": Spec("bool"),

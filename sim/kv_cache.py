@@ -31,22 +31,70 @@ in between: their content is the request's own output, which only the
 request itself (after a preemption, when its blocks were freed) or a later
 conversation turn (after it finished) can ask for. So hits and evictions are
 vLLM's, at one short KV-manager call per 16 decoded tokens.
+
+Sliding-window layers (SlidingGroups): vLLM's hybrid allocator puts a model's
+full-attention layers in one KV-cache group and its sliding-window layers in
+`groups` more groups of as many layers, all drawing blocks of that many layers
+from one pool. A request holds its full group's blocks (block_ids, hashed as
+above) and, per sliding group, only the blocks its window still reads
+(sw_blocks, from block sw_start on): at each allocation vLLM frees the blocks
+of tokens below num_computed - window + 1 first (remove_skipped_blocks), then
+allocates up to the new length in every group. Kept approximate: sliding
+blocks hold no hash (a full-group prefix hit counts as a hit in every group,
+its window blocks taken fresh from the queue: the same count leaves it), and
+a decode frees its out-of-window block when it next allocates, at most one
+step after vLLM would.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from kernelsight.sim.request import Request
+
+
+@dataclass(frozen=True)
+class SlidingGroups:
+    """The sliding-window groups of vLLM's hybrid KV-cache allocator beside the one full-attention group
+    (memory.kv_groups decides them): `groups` of them, each keeping the last `window` tokens; max_chunk, the
+    scheduler's token budget, bounds what one prefill chunk allocates in them (blocks_needed)."""
+
+    groups: int
+    window: int
+    max_chunk: int
+
+    def __post_init__(self):
+        if self.groups < 1 or self.window < 1 or self.max_chunk < 1:
+            raise ValueError(f"sliding KV groups need groups, window and max_chunk >= 1, got {self}")
+
+    def skipped_blocks(self, num_computed: int, block_size: int) -> int:
+        """Leading blocks no later token reads (vLLM get_num_skipped_tokens // block_size)."""
+        skipped = num_computed - self.window + 1
+        return skipped // block_size if skipped > 0 else 0
+
+
+def request_blocks(num_tokens: int, block_size: int, sliding: SlidingGroups | None = None) -> int:
+    """Most blocks a request of num_tokens holds at once: all its tokens' in the full-attention group and, in
+    each sliding group, those of its window and one prefill chunk (vLLM SlidingWindowSpec.max_memory_usage)."""
+    full = -(-num_tokens // block_size)
+    if sliding is None:
+        return full
+    window = -(-(sliding.window - 1 + sliding.max_chunk) // block_size) + 1
+    return full + sliding.groups * min(full, window)
 
 
 class KVCacheManager:
     """Owns the block pool, the prefix-cache index and the per-request block tables."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True,
+                 sliding: SlidingGroups | None = None):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"KV cache needs at least one block of at least one token "
                              f"(got {num_blocks} blocks of {block_size})")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_caching = enable_caching
+        self.sliding = sliding
+        self._sw = sliding.groups if sliding else 0   # blocks a sliding-window block takes: one per group
         self.ref_cnt = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         # Free queue, in eviction order: the blocks never used yet (ids _fresh..n-1, in id order), then a doubly
@@ -81,7 +129,7 @@ class KVCacheManager:
         return self.prefix_hits / self.prefix_queries if self.prefix_queries else 0.0
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return request_blocks(num_tokens, self.block_size, self.sliding)
 
     # ----- free queue -----
     def _remove_free(self, block: int) -> None:
@@ -201,12 +249,16 @@ class KVCacheManager:
         bs = self.block_size
         blocks = request.block_ids
         ref = self.ref_cnt
+        sw_new = 0
         if computed_blocks:
             num_computed += len(computed_blocks) * bs
             total = num_computed + num_new_tokens
             need = -(-total // bs) - len(blocks) - len(computed_blocks)
             evictable = sum(1 for b in computed_blocks if ref[b] == 0)
-            if need + evictable > self.num_free:
+            if self._sw:    # a new request: its window below the hit, and the new tokens, in every group
+                request.sw_start = self.sliding.skipped_blocks(num_computed, bs)
+                sw_new = self._sw * max(-(-total // bs) - request.sw_start, 0)
+            if need + evictable + sw_new > self.num_free:
                 return False
             for b in computed_blocks:
                 if ref[b] == 0:
@@ -217,8 +269,15 @@ class KVCacheManager:
         else:
             total = num_computed + num_new_tokens
             need = -(-total // bs) - len(blocks)
-            if need > self.num_free:
+            if self._sw:
+                sw_new = self._sw * max(-(-total // bs) - self._slide(request, num_computed), 0)
+            if need + sw_new > self.num_free:
                 return False
+        if sw_new:  # vLLM's groups in layer order: the sliding ones come first in every shipped model
+            new = self._pop_free_blocks(sw_new)
+            for b in new:
+                ref[b] = 1
+            request.sw_blocks.extend(new)
         if need > 0:
             new = self._pop_free_blocks(need)
             for b in new:
@@ -234,31 +293,86 @@ class KVCacheManager:
     def append_block(self, request: Request, num_computed: int) -> bool:
         """Room for one decoded token after `num_computed` (the prompt's already): allocate_slots for a
         decode, except that the full blocks the decodes filled are left for free() to cache (see the module
-        docstring). A new block only when the token starts one; False, changing nothing, when none is free."""
+        docstring). A new block only when the token starts one, after the sliding groups gave back what fell
+        out of their window; False when none is free (the blocks given back stay free, as in vLLM)."""
         blocks = request.block_ids
         if num_computed >= len(blocks) * self.block_size:
-            if not self.num_free:
+            sw = self._sw
+            if sw:
+                self._slide(request, num_computed)
+            if self.num_free < 1 + sw:
                 return False
-            b = self._pop_free()
-            self.ref_cnt[b] = 1
-            blocks.append(b)
+            new = self._pop_free_blocks(1 + sw)
+            ref = self.ref_cnt
+            for b in new:
+                ref[b] = 1
+            if sw:
+                request.sw_blocks.extend(new[:sw])
+            blocks.append(new[-1])
         request.fast_limit = len(blocks) * self.block_size + 1
         return True
 
-    def append_blocks(self, requests: list[Request]) -> bool:
+    def append_blocks(self, requests: list[Request], used_after: list | None = None) -> bool:
         """append_block for each of `requests` in order, each decoding a token that starts a new block (a
         request may come again for its next block): the same blocks and evictions as one call each, from one
-        pop of the free queue. False, changing nothing, when fewer blocks are free (the caller then goes one
-        by one, preempting where vLLM would)."""
-        if len(requests) > self.num_free:
+        pop of the free queue (what the sliding groups give back joins its tail, as one call at a time would
+        leave it: no call reaches those blocks). False, changing nothing, when fewer blocks are free than the
+        calls take (the caller then goes one by one, preempting where vLLM would). used_after: if given,
+        receives the blocks in use after each call."""
+        sw = self._sw
+        if len(requests) * (1 + sw) > self.num_free:
             return False
         ref, bs = self.ref_cnt, self.block_size
-        for req, b in zip(requests, self._pop_free_blocks(len(requests))):
+        used = self.num_used
+        new = self._pop_free_blocks(len(requests) * (1 + sw))
+        for b in new:
             ref[b] = 1
+        popped_free = self.num_free
+        for i, req in enumerate(requests):
             blocks = req.block_ids
-            blocks.append(b)
+            if sw:
+                self._slide(req, len(blocks) * bs)
+                k = i * (1 + sw)
+                req.sw_blocks.extend(new[k:k + sw])
+                blocks.append(new[k + sw])
+            else:
+                blocks.append(new[i])
             req.fast_limit = len(blocks) * bs + 1
+            if used_after is not None:
+                used_after.append(used + (i + 1) * (1 + sw) - (self.num_free - popped_free))
         return True
+
+    def _slide(self, request: Request, num_computed: int) -> int:
+        """Give back the request's sliding-window blocks no token after num_computed reads (vLLM
+        remove_skipped_blocks: each group's, newest first, to the tail of the free queue); returns the block
+        index its sliding groups have allocated up to."""
+        sw, held = self._sw, request.sw_blocks
+        start = request.sw_start
+        end = start + len(held) // sw
+        drop = min(self.sliding.skipped_blocks(num_computed, self.block_size), end) - start
+        if drop > 0:
+            freed = [held[k * sw + g] for g in range(sw) for k in range(drop - 1, -1, -1)]
+            self._release(freed)
+            del held[:drop * sw]
+            request.sw_start = start + drop
+        return end
+
+    def _release(self, blocks) -> None:
+        """Drop a reference to each block; those left without one join the tail of the free queue in order."""
+        ref, nxt, prev, tail = self.ref_cnt, self._next, self._prev, self._tail
+        last = prev[tail]
+        freed = 0
+        for b in blocks:
+            r = ref[b] - 1
+            ref[b] = r
+            if not r:
+                nxt[last] = b
+                prev[b] = last
+                last = b
+                freed += 1
+        nxt[last] = tail
+        prev[tail] = last
+        self.num_free += freed
 
     def _cache_full_blocks(self, request: Request, num_full: int) -> None:
         blocks = request.block_ids
@@ -273,27 +387,22 @@ class KVCacheManager:
         request.num_cached_blocks = num_full
 
     def free(self, request: Request, num_cacheable: int = 0) -> None:
-        """Release the request's blocks, tail first, so its last blocks are evicted first.
+        """Release the request's blocks, tail first, so its last blocks are evicted first (its sliding-window
+        blocks before them).
 
         num_cacheable: min(computed, known) tokens of the request; full blocks
         within them not cached yet (filled by decodes) are cached first.
         """
         if self.enable_caching and num_cacheable // self.block_size > request.num_cached_blocks:
             self._cache_full_blocks(request, min(num_cacheable // self.block_size, len(request.block_ids)))
-        ref, nxt, prev, tail = self.ref_cnt, self._next, self._prev, self._tail
-        last = prev[tail]
-        freed = 0
-        for b in reversed(request.block_ids):  # appended at the tail of the free queue, in this order
-            r = ref[b] - 1
-            ref[b] = r
-            if not r:
-                nxt[last] = b
-                prev[b] = last
-                last = b
-                freed += 1
-        nxt[last] = tail
-        prev[tail] = last
-        self.num_free += freed
+        sw = self._sw
+        if sw and request.sw_blocks:    # the sliding groups first, each newest block first (vLLM's group order)
+            held = request.sw_blocks
+            n = len(held) // sw
+            self._release([held[k * sw + g] for g in range(sw) for k in range(n - 1, -1, -1)])
+            request.sw_blocks = []
+        request.sw_start = 0
+        self._release(reversed(request.block_ids))
         request.block_ids = []
         request.num_cached_blocks = 0
         request.fast_limit = 0

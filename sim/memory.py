@@ -7,6 +7,10 @@ what is left of total * gpu_memory_utilization:
   kv = total * util - weights - activation peak - non-torch memory - CUDA-graph memory
   blocks = floor(kv / (block_size * layers * rows * kv_heads_per_gpu * head_dim * kv_bytes))
 
+layers: those of the GPU's pipeline stage or, for a model with sliding-window layers under vLLM's hybrid
+allocator, of one KV-cache group (kv_groups): the blocks are then shared by the full-attention group and
+the sliding-window groups, which hold only their window (kv_cache.SlidingGroups).
+
 rows: K and V (2), or MLA's single latent row (1; head_dim = kv_lora_rank + qk_rope_head_dim, one KV
 head kept whole on every TP rank, as vLLM replicates the latent cache).
 
@@ -32,6 +36,7 @@ from kernelsight.predictor.dtypes import dtype_bytes
 from kernelsight.predictor.errors import KernelsightError
 
 from .engine_profile import EngineProfile
+from .kv_cache import SlidingGroups
 from .model import ModelConfig
 from .parallel import ParallelConfig, shard, weight_bytes_per_gpu
 
@@ -52,18 +57,41 @@ class MemoryPlan:
     block_bytes: float
     blocks: int
     block_size: int
+    sliding: SlidingGroups | None = None   # sliding-window groups sharing the blocks (kv_groups)
 
     @property
     def kv_tokens(self) -> int:
+        """Tokens the blocks hold in the full-attention layers (all layers without sliding groups)."""
         return self.blocks * self.block_size
+
+
+def kv_groups(model: ModelConfig, engine: EngineProfile) -> tuple[int, SlidingGroups | None]:
+    """vLLM's KV-cache groups (kv_cache_utils._get_kv_cache_groups_uniform_page_size): (layers of one group,
+    its sliding-window groups). With the hybrid allocator (engine scheduler.hybrid_kv_cache, vLLM's default)
+    a model with both sliding-window and full-attention layers groups them by type in groups of as many
+    layers as its scarcer type has (as many as its commoner one when they differ by less than 25 %), every
+    group drawing blocks of that many layers from one pool. Kept to one full-attention group, as every
+    shipped model has; otherwise (no sliding layer, allocator off, chunked local attention, which vLLM
+    keeps on one group, only sliding layers, or more full layers than sliding ones) one group of all layers
+    holds every token."""
+    windows = [p.window for p in model.layer_plan()]
+    sliding = sum(1 for w in windows if w)
+    full = len(windows) - sliding
+    if not (engine.scheduler.hybrid_kv_cache and sliding and full) or model.attention_chunk:
+        return len(windows), None
+    size = max(full, sliding) if max(full, sliding) < 1.25 * min(full, sliding) else min(full, sliding)
+    if -(-full // size) > 1:
+        return len(windows), None
+    return size, SlidingGroups(-(-sliding // size), model.sliding_window, engine.scheduler.max_num_batched_tokens)
 
 
 def kv_block_bytes(model: ModelConfig, engine: EngineProfile, par: ParallelConfig) -> float:
     """Bytes of one KV block on one GPU: block_size tokens of K and V (MLA: the latent row) in every layer
-    of its stage."""
+    of one KV-cache group (kv_groups; all layers without sliding-window groups) on its pipeline stage."""
     s = shard(model, par)
-    return (engine.scheduler.block_size * s.layers * model.kv_cache_rows * s.kv_heads * model.head_dim
-            * dtype_bytes(model.kv_dtype))
+    size, _ = kv_groups(model, engine)
+    return (engine.scheduler.block_size * math.ceil(size * s.layers / model.layers) * model.kv_cache_rows
+            * s.kv_heads * model.head_dim * dtype_bytes(model.kv_dtype))
 
 
 def activation_peak_bytes(model: ModelConfig, engine: EngineProfile, par: ParallelConfig) -> float:
@@ -116,7 +144,7 @@ def memory_plan(model: ModelConfig, hw, engine: EngineProfile, par: ParallelConf
             f"or add GPUs")
     return MemoryPlan(total=total, requested=requested, weights=weights, activations=activations,
                       non_torch=non_torch, cuda_graphs=graphs, kv_cache=kv, block_bytes=block, blocks=blocks,
-                      block_size=engine.scheduler.block_size)
+                      block_size=engine.scheduler.block_size, sliding=kv_groups(model, engine)[1])
 
 
 def kv_cache_blocks(model: ModelConfig, hw, engine: EngineProfile, par: ParallelConfig) -> int:

@@ -35,6 +35,7 @@ from kernelsight.predictor.hardware import Hardware
 from kernelsight.predictor.predict import Predictor
 
 from .engine_profile import EngineProfile
+from .kv_cache import request_blocks
 from .model import KV_DTYPES, ModelConfig
 from .parallel import ParallelConfig, shard
 from .run import Setup, build_setup, check_slo, run
@@ -369,10 +370,10 @@ def _setup(settings: PlanSettings, cand: Candidate, band: str | None = None, ene
     setup = build_setup(model, hw, engine_for(settings.engine, cand), parallel, settings.workload,
                         max_model_len=settings.max_model_len, energy=energy,
                         predictor=shared_predictor(hw, settings.tier, settings.bundle, band))
-    kv_tokens = setup.num_blocks * setup.scheduler.block_size
-    if kv_tokens < setup.max_model_len:
-        raise KernelsightError(f"the KV cache holds {kv_tokens} tokens, fewer than max_model_len="
-                               f"{setup.max_model_len} (vLLM refuses to start; lower max_model_len)")
+    needed = request_blocks(setup.max_model_len, setup.scheduler.block_size, setup.sliding)
+    if needed > setup.num_blocks:
+        raise KernelsightError(f"the KV cache holds {setup.num_blocks} blocks, fewer than max_model_len="
+                               f"{setup.max_model_len} needs ({needed}; vLLM refuses to start; lower max_model_len)")
     return setup
 
 

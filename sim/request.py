@@ -24,12 +24,12 @@ class Request:
     While a scheduler serves it, its token counters (computed, returned,
     in flight) live in that scheduler's arrays under `slot`
     (Scheduler.progress(request) reads them); num_output_tokens is set when it
-    finishes. The KV manager keeps block_ids, num_cached_blocks and fast_limit.
+    finishes. The KV manager keeps block_ids, num_cached_blocks, fast_limit, sw_blocks and sw_start.
     """
 
     __slots__ = (
         "request_id", "arrival_time", "prompt_len", "output_len", "segments", "status", "slot",
-        "num_output_tokens", "block_ids", "num_cached_blocks", "fast_limit", "_hashes",
+        "num_output_tokens", "block_ids", "num_cached_blocks", "fast_limit", "_hashes", "sw_blocks", "sw_start",
         "num_cached_tokens", "num_preemptions", "replica", "followup",
         "first_scheduled_time", "first_token_time", "last_token_time", "finish_time",
         "queued_since", "queue_time",
@@ -55,6 +55,8 @@ class Request:
         self.block_ids: list[int] = []
         self.num_cached_blocks = 0
         self.fast_limit = 0                  # see KVCacheManager: decodes below it need no allocation
+        self.sw_blocks: list[int] = []       # sliding-window groups' blocks (KVCacheManager, SlidingGroups)
+        self.sw_start = 0
         self._hashes: list[int] = []
         self.num_cached_tokens = -1          # prefix-cache hit at first admission (-1: not yet)
         self.num_preemptions = 0

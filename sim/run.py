@@ -38,7 +38,8 @@ from .context import resolve_max_model_len
 from .energy import energy_summary, kernel_power
 from .engine import Engine, Replica, build_replicas
 from .engine_profile import EngineProfile, ServingError, delay_label
-from .memory import kv_cache_blocks
+from .kv_cache import SlidingGroups
+from .memory import kv_cache_blocks, kv_groups
 from .metrics import grouped
 from .model import ModelConfig
 from .parallel import ParallelConfig
@@ -71,11 +72,13 @@ class Setup:
     max_model_len: int
     workload: Workload
     one_group: bool = False  # simulate one attention group of one replica (its share of the load; validate)
+    sliding: SlidingGroups | None = None  # the KV cache's sliding-window groups (memory.kv_groups)
 
     def replicas(self) -> list[Replica]:
         # Replicas are identical, so they share one pricer (it is a pure function with memo tables).
         groups = 1 if self.one_group else self.parallel.dp * self.parallel.attention_dp
-        return build_replicas(groups, self.scheduler, self.num_blocks, lambda: self.pricer, self.parallel.pp)
+        return build_replicas(groups, self.scheduler, self.num_blocks, lambda: self.pricer, self.parallel.pp,
+                              self.sliding)
 
     def new_engine(self, seed: int, router: str = "least_outstanding", **kwargs) -> Engine:
         """A fresh Engine over fresh replicas, with this setup's concurrency limit and frontend path."""
@@ -122,7 +125,8 @@ def build_setup(model: ModelConfig, hardware: Hardware, engine: EngineProfile, p
         raise KernelsightError(f"without chunked prefill a whole prompt must fit one step: "
                                f"scheduler.max_num_batched_tokens={sched.max_num_batched_tokens} < max_model_len="
                                f"{max_len} (vLLM refuses this too); raise it or set max_model_len")
-    return Setup(model, hw, engine, parallel, pricer, sched, blocks - 1, max_len, Workload(workload))
+    return Setup(model, hw, engine, parallel, pricer, sched, blocks - 1, max_len, Workload(workload),
+                 sliding=kv_groups(model, engine)[1])
 
 
 def check_slo(slo: dict | None) -> dict:

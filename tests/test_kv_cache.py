@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from kernelsight.sim.kv_cache import KVCacheManager
+from kernelsight.sim.kv_cache import KVCacheManager, SlidingGroups, request_blocks
 from kernelsight.sim.request import OUTPUT, SHARED_PREFIX, UNIQUE, Request
 
 BS = 4
@@ -201,3 +201,93 @@ def test_never_used_blocks_go_first_in_id_order_then_the_freed_ones():
     admit(kv, c)
     assert c.block_ids == [3, 4, 5, 1, 0] and kv.num_free == 0 and kv.evictions == 2
     kv.check_invariants()
+
+
+# ----- sliding-window groups (vLLM's hybrid allocator) -----
+
+def sliding_kv(num_blocks, groups=2, window=3 * BS):
+    return KVCacheManager(num_blocks, BS, sliding=SlidingGroups(groups, window, max_chunk=64))
+
+
+def test_sliding_groups_keep_only_their_window():
+    """A prompt takes its blocks in the full group and in every sliding group; each later allocation first
+    gives back the sliding blocks below num_computed - window + 1 (vLLM remove_skipped_blocks), newest first
+    per group, then takes the new block in every group."""
+    kv = sliding_kv(40)
+    a = req(1, [((UNIQUE, 1), 5 * BS)])
+    admit(kv, a)
+    assert len(a.block_ids) == 5 and len(a.sw_blocks) == 10 and kv.num_free == 25
+    sw = list(a.sw_blocks)      # block k of group g at k * 2 + g
+    # decoding token 20 (a new block): tokens below 20 - 12 + 1 = 9 are out of every window: blocks 0 and 1
+    assert kv.append_block(a, 5 * BS)
+    assert a.sw_start == 2 and len(a.sw_blocks) == 2 * 4 and len(a.block_ids) == 6
+    assert kv.free_order()[-4:] == [sw[2], sw[0], sw[3], sw[1]]
+    assert kv.num_free == 25 + 4 - 3
+    # decodes keep window / block_size + 1 blocks per sliding group at a new block
+    for computed in range(6 * BS, 12 * BS, BS):
+        assert kv.append_block(a, computed)
+        assert len(a.sw_blocks) == 2 * (3 + 1) and len(a.block_ids) == computed // BS + 1
+    kv.check_invariants()
+    kv.free(a)
+    assert kv.num_free == 40 and a.sw_blocks == [] and a.sw_start == 0
+    kv.check_invariants()
+
+
+def test_sliding_groups_start_at_the_window_of_a_prefix_hit():
+    kv = sliding_kv(60)
+    shared = ((SHARED_PREFIX, 0), 6 * BS)
+    a = req(1, [shared, ((UNIQUE, 1), BS)])
+    admit(kv, a)
+    kv.free(a, a.prompt_len)
+    b = req(2, [shared, ((UNIQUE, 2), 2 * BS)])
+    free = kv.num_free
+    assert admit(kv, b) == 6 * BS
+    # the window below the hit: tokens from 24 - 12 + 1 = 13 on, blocks 3.. of 8; taken in both groups
+    assert b.sw_start == 3 and len(b.sw_blocks) == 2 * 5
+    assert kv.num_free == free - 6 - 2 - 10
+    kv.check_invariants()
+
+
+def test_a_failed_sliding_allocation_keeps_what_it_gave_back():
+    kv = sliding_kv(12)
+    a = req(1, [((UNIQUE, 1), 4 * BS)])
+    admit(kv, a)                    # 4 + 8 blocks: the pool is full
+    assert kv.num_free == 0
+    assert not kv.append_block(a, 4 * BS)      # blocks 0 of both groups given back (2), 3 needed
+    assert kv.num_free == 2 and a.sw_start == 1 and len(a.block_ids) == 4
+    kv.check_invariants()
+
+
+def test_sliding_append_blocks_equals_one_append_block_per_request():
+    def state():
+        kv = sliding_kv(80)
+        old = req(9, [((UNIQUE, 9), 4 * BS)])
+        admit(kv, old)
+        kv.free(old, 4 * BS)
+        a, b = req(1, [((UNIQUE, 1), 5 * BS)]), req(2, [((UNIQUE, 2), 2 * BS)])
+        admit(kv, a), admit(kv, b)
+        return kv, a, b
+
+    one, a1, b1 = state()
+    used = []
+    for r, computed in ((a1, 5 * BS), (b1, 2 * BS), (a1, 6 * BS), (b1, 3 * BS), (a1, 7 * BS)):
+        assert one.append_block(r, computed)
+        used.append(one.num_used)
+    many, a2, b2 = state()
+    used_many = []
+    assert many.append_blocks([a2, b2, a2, b2, a2], used_many)
+    assert used_many == used
+    for x, y in ((a1, a2), (b1, b2)):
+        assert (x.block_ids, x.sw_blocks, x.sw_start, x.fast_limit) == (y.block_ids, y.sw_blocks, y.sw_start,
+                                                                       y.fast_limit)
+    assert (many.free_order(), many.evictions) == (one.free_order(), one.evictions)
+    many.check_invariants()
+    assert not many.append_blocks([a2] * (many.num_free // 3 + 1))
+
+
+def test_request_blocks_bound_a_request_by_its_window_and_one_chunk():
+    sliding = SlidingGroups(6, 1024, max_chunk=8192)
+    assert request_blocks(100_000, 16) == 6250
+    # full group: every token; each sliding group: (1023 + 8192) / 16 rounded up, plus one
+    assert request_blocks(100_000, 16, sliding) == 6250 + 6 * 577
+    assert request_blocks(300, 16, sliding) == 19 * 7     # shorter than the window: every group holds it all

@@ -10,7 +10,8 @@ import yaml
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.hardware import load_hardware
 from kernelsight.sim.engine_profile import load_engine
-from kernelsight.sim.memory import GiB, kv_cache_blocks, memory_plan
+from kernelsight.sim.kv_cache import SlidingGroups
+from kernelsight.sim.memory import GiB, kv_cache_blocks, kv_groups, memory_plan
 from kernelsight.sim.model import ModelConfig, from_hf, list_models, load_hf_config, load_model, model_dir
 from kernelsight.sim.parallel import ParallelConfig, load_parallel, shard, weight_bytes_per_gpu
 
@@ -230,6 +231,28 @@ def test_kv_blocks_scale_with_memory_dtype_and_layout():
     # 70B at TP2 barely fits: a few GiB of KV cache, as vLLM reports
     plan = memory_plan(load_model("llama3.1-70b"), hw, engine, load_parallel("tp2"))
     assert 1 < plan.kv_cache / GiB < 5
+
+
+@pytest.mark.parametrize("name, size, groups, window", [
+    ("gpt-oss-120b", 18, 1, 128),     # 18 sliding + 18 full layers: one group each
+    ("gemma2-9b", 21, 1, 4096),
+    ("gemma-3-27b", 10, 6, 1024),     # 52 sliding, 10 full: groups of 10, the sixth sliding one padded
+    ("gemma-3-1b", 4, 6, 512),        # 22 sliding, 4 full
+])
+def test_sliding_window_layers_form_vllm_hybrid_kv_groups(name, size, groups, window):
+    """vLLM's hybrid allocator (kv_cache_utils._get_kv_cache_groups_uniform_page_size): a block spans one
+    group's layers, so the pool has layers / group size times the blocks of one spanning every layer; the
+    sliding groups keep only their window. Off (--disable-hybrid-kv-cache-manager) every layer keeps every
+    token, as for models without sliding layers or with chunked local attention (Llama-4: vLLM keeps it off)."""
+    hw, engine, par = load_hardware("h100_sxm"), load_engine("vllm_v1"), load_parallel("default")
+    model = load_model(name)
+    assert kv_groups(model, engine) == (size, SlidingGroups(groups, window, engine.scheduler.max_num_batched_tokens))
+    hybrid = memory_plan(model, hw, engine, par)
+    off = replace(engine, scheduler=replace(engine.scheduler, hybrid_kv_cache=False))
+    assert kv_groups(model, off) == (model.layers, None)
+    assert hybrid.blocks == pytest.approx(memory_plan(model, hw, off, par).blocks * model.layers / size, rel=1e-3)
+    for plain in ("llama3.1-8b", "llama4-scout"):
+        assert kv_groups(load_model(plain), engine) == (load_model(plain).layers, None)
 
 
 def test_model_that_does_not_fit_is_one_line_with_the_numbers():

@@ -477,3 +477,21 @@ def test_a_gpu_without_bf16_serves_a_bf16_checkpoint_in_fp16_as_vllm_does():
     assert result.setup.model.act_dtype == "fp16" and "served in fp16" in result.setup.describe()
     gemms = [k for k in result.pricing_sources() if k.get("family") == "gemm"]
     assert result.summary["completed"] == 20 and result.summary["mean_tpot_ms"] > 0 and gemms
+
+
+def test_sliding_window_layers_keep_their_window_so_long_prompts_fit_twice_as_many(capsys):
+    """gpt-oss-120b (half its layers in a 128-token window) at TP 2, 128 clients of 8192 + 1024 tokens: under
+    vLLM's hybrid allocator the pool has twice the blocks and a request's sliding layers hold 9 of them, so
+    all 128 fit (1.2 M tokens); with every layer keeping every token (--disable-hybrid-kv-cache-manager) the
+    cache holds about half of them and requests preempt each other."""
+    runs = {}
+    for hybrid in (True, False):
+        runs[hybrid] = simulate(composed(
+            "model=gpt-oss-120b", "parallel=tp2", "workload=closed_loop", "workload.max_concurrency=128",
+            "workload.input.value=8192", "workload.output.value=1024", "num_requests=256", "intervals=false",
+            f"engine.scheduler.hybrid_kv_cache={str(hybrid).lower()}", "quiet=true", "plots=false"))
+    on, off = runs[True], runs[False]
+    assert on["kv_blocks_per_replica"] == pytest.approx(2 * off["kv_blocks_per_replica"], rel=0.001)
+    assert on["preemptions"] == 0 < off["preemptions"]
+    assert 0.4 < on["kv_usage_max"] < 0.7 and off["kv_usage_max"] > 0.99
+    assert on["median_ttft_ms"] < 0.5 * off["median_ttft_ms"]
