@@ -52,8 +52,10 @@ def _sweep(path, limit: int) -> pd.DataFrame:
 def _sliding_note(plan) -> str:
     if plan.sliding is None:
         return ""
-    return (f" in the full-attention layers, shared with {plan.sliding.groups} sliding-window group(s) that keep "
-            f"{plan.sliding.window} tokens per request")
+    g = plan.sliding
+    kept = f"the current {g.window}-token attention chunk" if g.chunked else f"the last {g.window} tokens"
+    return (f" in the full-attention layers, shared with {g.groups} local-attention group(s) that keep {kept} of "
+            f"each request")
 
 
 def _model_steps(cfg) -> pd.DataFrame:

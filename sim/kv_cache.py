@@ -32,18 +32,18 @@ request itself (after a preemption, when its blocks were freed) or a later
 conversation turn (after it finished) can ask for. So hits and evictions are
 vLLM's, at one short KV-manager call per 16 decoded tokens.
 
-Sliding-window layers (SlidingGroups): vLLM's hybrid allocator puts a model's
-full-attention layers in one KV-cache group and its sliding-window layers in
-`groups` more groups of as many layers, all drawing blocks of that many layers
-from one pool. A request holds its full group's blocks (block_ids, hashed as
-above) and, per sliding group, only the blocks its window still reads
-(sw_blocks, from block sw_start on): at each allocation vLLM frees the blocks
-of tokens below num_computed - window + 1 first (remove_skipped_blocks), then
-allocates up to the new length in every group. Kept approximate: sliding
-blocks hold no hash (a full-group prefix hit counts as a hit in every group,
-its window blocks taken fresh from the queue: the same count leaves it), and
-a decode frees its out-of-window block when it next allocates, at most one
-step after vLLM would.
+Local-attention layers (SlidingGroups): vLLM's hybrid allocator puts a
+model's full-attention layers in one KV-cache group and its sliding-window
+(or chunked local-attention) layers in `groups` more groups of as many layers,
+all drawing blocks of that many layers from one pool. A request holds its full
+group's blocks (block_ids, hashed as above) and, per local group, only the
+blocks its window still reads (sw_blocks, from block sw_start on): at each
+allocation vLLM frees the blocks of tokens no later token reads first
+(remove_skipped_blocks), then allocates up to the new length in every group.
+Kept approximate: local blocks hold no hash (a full-group prefix hit counts as
+a hit in every group, its window blocks taken fresh from the queue: the same
+count leaves it), and a decode frees its out-of-window block when it next
+allocates, at most one step after vLLM would.
 """
 from __future__ import annotations
 
@@ -54,32 +54,43 @@ from kernelsight.sim.request import Request
 
 @dataclass(frozen=True)
 class SlidingGroups:
-    """The sliding-window groups of vLLM's hybrid KV-cache allocator beside the one full-attention group
-    (memory.kv_groups decides them): `groups` of them, each keeping the last `window` tokens; max_chunk, the
-    scheduler's token budget, bounds what one prefill chunk allocates in them (blocks_needed)."""
+    """The local-attention groups of vLLM's hybrid KV-cache allocator beside the one full-attention group
+    (memory.kv_groups decides them): `groups` of them, each keeping the last `window` tokens (a sliding
+    window) or, `chunked`, the tokens of the current `window`-token attention chunk (Llama-4); max_chunk,
+    the scheduler's token budget, bounds what one prefill chunk allocates in them (request_blocks)."""
 
     groups: int
     window: int
     max_chunk: int
+    chunked: bool = False
 
     def __post_init__(self):
         if self.groups < 1 or self.window < 1 or self.max_chunk < 1:
             raise ValueError(f"sliding KV groups need groups, window and max_chunk >= 1, got {self}")
 
     def skipped_blocks(self, num_computed: int, block_size: int) -> int:
-        """Leading blocks no later token reads (vLLM get_num_skipped_tokens // block_size)."""
+        """Leading blocks no later token reads (vLLM get_num_skipped_tokens // block_size: a sliding window's
+        tokens below num_computed - window + 1, a chunk's those before the chunk num_computed is in)."""
+        if self.chunked:
+            return num_computed // self.window * self.window // block_size
         skipped = num_computed - self.window + 1
         return skipped // block_size if skipped > 0 else 0
+
+    def held_blocks(self, block_size: int) -> int:
+        """Most blocks one group holds for a request (vLLM SlidingWindowSpec / ChunkedLocalAttentionSpec
+        max_memory_usage_bytes): its window, or chunk, and one prefill chunk."""
+        if self.chunked:
+            return -(-(self.window + self.max_chunk) // block_size)
+        return -(-(self.window - 1 + self.max_chunk) // block_size) + 1
 
 
 def request_blocks(num_tokens: int, block_size: int, sliding: SlidingGroups | None = None) -> int:
     """Most blocks a request of num_tokens holds at once: all its tokens' in the full-attention group and, in
-    each sliding group, those of its window and one prefill chunk (vLLM SlidingWindowSpec.max_memory_usage)."""
+    each local-attention group, at most SlidingGroups.held_blocks."""
     full = -(-num_tokens // block_size)
     if sliding is None:
         return full
-    window = -(-(sliding.window - 1 + sliding.max_chunk) // block_size) + 1
-    return full + sliding.groups * min(full, window)
+    return full + sliding.groups * min(full, sliding.held_blocks(block_size))
 
 
 class KVCacheManager:
@@ -327,16 +338,21 @@ class KVCacheManager:
         new = self._pop_free_blocks(len(requests) * (1 + sw))
         for b in new:
             ref[b] = 1
+        if not sw:
+            for req, b in zip(requests, new):
+                blocks = req.block_ids
+                blocks.append(b)
+                req.fast_limit = len(blocks) * bs + 1
+            if used_after is not None:
+                used_after.extend(range(used + 1, used + len(requests) + 1))
+            return True
         popped_free = self.num_free
         for i, req in enumerate(requests):
             blocks = req.block_ids
-            if sw:
-                self._slide(req, len(blocks) * bs)
-                k = i * (1 + sw)
-                req.sw_blocks.extend(new[k:k + sw])
-                blocks.append(new[k + sw])
-            else:
-                blocks.append(new[i])
+            self._slide(req, len(blocks) * bs)
+            k = i * (1 + sw)
+            req.sw_blocks.extend(new[k:k + sw])
+            blocks.append(new[k + sw])
             req.fast_limit = len(blocks) * bs + 1
             if used_after is not None:
                 used_after.append(used + (i + 1) * (1 + sw) - (self.num_free - popped_free))

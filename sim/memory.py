@@ -67,22 +67,24 @@ class MemoryPlan:
 
 def kv_groups(model: ModelConfig, engine: EngineProfile) -> tuple[int, SlidingGroups | None]:
     """vLLM's KV-cache groups (kv_cache_utils._get_kv_cache_groups_uniform_page_size): (layers of one group,
-    its sliding-window groups). With the hybrid allocator (engine scheduler.hybrid_kv_cache, vLLM's default)
-    a model with both sliding-window and full-attention layers groups them by type in groups of as many
-    layers as its scarcer type has (as many as its commoner one when they differ by less than 25 %), every
-    group drawing blocks of that many layers from one pool. Kept to one full-attention group, as every
-    shipped model has; otherwise (no sliding layer, allocator off, chunked local attention, which vLLM
-    keeps on one group, only sliding layers, or more full layers than sliding ones) one group of all layers
-    holds every token."""
-    windows = [p.window for p in model.layer_plan()]
-    sliding = sum(1 for w in windows if w)
-    full = len(windows) - sliding
-    if not (engine.scheduler.hybrid_kv_cache and sliding and full) or model.attention_chunk:
-        return len(windows), None
-    size = max(full, sliding) if max(full, sliding) < 1.25 * min(full, sliding) else min(full, sliding)
+    its local-attention groups). With the hybrid allocator (engine scheduler.hybrid_kv_cache, vLLM's default;
+    for chunked local attention since VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE defaults on) a
+    model with both sliding-window (or chunked) and full-attention layers groups them by type in groups of
+    as many layers as its scarcer type has (as many as its commoner one when they differ by less than 25 %),
+    every group drawing blocks of that many layers from one pool. Kept to one full-attention group, as every
+    shipped model has; otherwise (no local layer, allocator off, only local layers, or more full layers than
+    local ones) one group of all layers holds every token."""
+    plan = model.layer_plan()
+    local = sum(1 for p in plan if p.window or p.chunk)
+    full = len(plan) - local
+    if not (engine.scheduler.hybrid_kv_cache and local and full):
+        return len(plan), None
+    size = max(full, local) if max(full, local) < 1.25 * min(full, local) else min(full, local)
     if -(-full // size) > 1:
-        return len(windows), None
-    return size, SlidingGroups(-(-sliding // size), model.sliding_window, engine.scheduler.max_num_batched_tokens)
+        return len(plan), None
+    chunked = bool(model.attention_chunk)
+    return size, SlidingGroups(-(-local // size), model.attention_chunk if chunked else model.sliding_window,
+                               engine.scheduler.max_num_batched_tokens, chunked)
 
 
 def kv_block_bytes(model: ModelConfig, engine: EngineProfile, par: ParallelConfig) -> float:

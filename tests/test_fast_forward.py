@@ -145,6 +145,9 @@ SLIDING_CASES = [
                                             "engine.scheduler.gpu_memory_utilization": 0.3}, 300, id="kv_pressure"),
     pytest.param({"model": "gemma-3-1b", "workload": "multi_turn"}, {"engine.scheduler.gpu_memory_utilization": 0.1},
                  200, id="prefix_hits"),
+    pytest.param({"model": "llama4-scout", "parallel": "tp8"}, {"workload.input.value": 12000,
+                                                                "workload.output.value": 300,
+                                                                "workload.request_rate": 4.0}, 60, id="chunked"),
 ]
 
 

@@ -285,9 +285,27 @@ def test_sliding_append_blocks_equals_one_append_block_per_request():
     assert not many.append_blocks([a2] * (many.num_free // 3 + 1))
 
 
+def test_chunked_groups_keep_the_current_attention_chunk():
+    """Chunked local attention (Llama-4): at each allocation the blocks before the chunk the request's next
+    token is in go back (vLLM ChunkedLocalAttentionManager), all at once at a chunk boundary."""
+    kv = KVCacheManager(60, BS, sliding=SlidingGroups(1, 4 * BS, max_chunk=64, chunked=True))
+    a = req(1, [((UNIQUE, 1), 6 * BS)])
+    admit(kv, a)
+    assert len(a.block_ids) == 6 and len(a.sw_blocks) == 6
+    assert kv.append_block(a, 6 * BS)       # next token 24, in the chunk from 16: blocks 0-3 go back
+    assert a.sw_start == 4 and len(a.sw_blocks) == 3 and kv.num_free == 60 - 7 - 3
+    assert kv.append_block(a, 7 * BS)       # same chunk: nothing goes back
+    assert a.sw_start == 4 and len(a.sw_blocks) == 4
+    assert kv.append_block(a, 8 * BS)       # token 32 starts a chunk: blocks 4-7 go back
+    assert a.sw_start == 8 and len(a.sw_blocks) == 1
+    kv.check_invariants()
+
+
 def test_request_blocks_bound_a_request_by_its_window_and_one_chunk():
     sliding = SlidingGroups(6, 1024, max_chunk=8192)
     assert request_blocks(100_000, 16) == 6250
     # full group: every token; each sliding group: (1023 + 8192) / 16 rounded up, plus one
     assert request_blocks(100_000, 16, sliding) == 6250 + 6 * 577
     assert request_blocks(300, 16, sliding) == 19 * 7     # shorter than the window: every group holds it all
+    chunked = SlidingGroups(3, 8192, max_chunk=8192, chunked=True)
+    assert request_blocks(100_000, 16, chunked) == 6250 + 3 * 1024      # (8192 + 8192) / 16

@@ -233,26 +233,27 @@ def test_kv_blocks_scale_with_memory_dtype_and_layout():
     assert 1 < plan.kv_cache / GiB < 5
 
 
-@pytest.mark.parametrize("name, size, groups, window", [
-    ("gpt-oss-120b", 18, 1, 128),     # 18 sliding + 18 full layers: one group each
-    ("gemma2-9b", 21, 1, 4096),
-    ("gemma-3-27b", 10, 6, 1024),     # 52 sliding, 10 full: groups of 10, the sixth sliding one padded
-    ("gemma-3-1b", 4, 6, 512),        # 22 sliding, 4 full
+@pytest.mark.parametrize("name, size, groups, window, chunked, parallel", [
+    ("gpt-oss-120b", 18, 1, 128, False, "default"),    # 18 sliding + 18 full layers: one group each
+    ("gemma2-9b", 21, 1, 4096, False, "default"),
+    ("gemma-3-27b", 10, 6, 1024, False, "default"),    # 52 sliding, 10 full: groups of 10, the last one padded
+    ("gemma-3-1b", 4, 6, 512, False, "default"),       # 22 sliding, 4 full
+    ("llama4-scout", 12, 3, 8192, True, "tp8"),        # 36 chunked local attention, 12 NoPE full layers
 ])
-def test_sliding_window_layers_form_vllm_hybrid_kv_groups(name, size, groups, window):
+def test_local_attention_layers_form_vllm_hybrid_kv_groups(name, size, groups, window, chunked, parallel):
     """vLLM's hybrid allocator (kv_cache_utils._get_kv_cache_groups_uniform_page_size): a block spans one
     group's layers, so the pool has layers / group size times the blocks of one spanning every layer; the
-    sliding groups keep only their window. Off (--disable-hybrid-kv-cache-manager) every layer keeps every
-    token, as for models without sliding layers or with chunked local attention (Llama-4: vLLM keeps it off)."""
-    hw, engine, par = load_hardware("h100_sxm"), load_engine("vllm_v1"), load_parallel("default")
+    sliding (or chunked) groups keep only their window (chunk). Off (--disable-hybrid-kv-cache-manager)
+    every layer keeps every token, as in models without local attention."""
+    hw, engine, par = load_hardware("h100_sxm"), load_engine("vllm_v1"), load_parallel(parallel)
     model = load_model(name)
-    assert kv_groups(model, engine) == (size, SlidingGroups(groups, window, engine.scheduler.max_num_batched_tokens))
+    budget = engine.scheduler.max_num_batched_tokens
+    assert kv_groups(model, engine) == (size, SlidingGroups(groups, window, budget, chunked))
     hybrid = memory_plan(model, hw, engine, par)
     off = replace(engine, scheduler=replace(engine.scheduler, hybrid_kv_cache=False))
     assert kv_groups(model, off) == (model.layers, None)
     assert hybrid.blocks == pytest.approx(memory_plan(model, hw, off, par).blocks * model.layers / size, rel=1e-3)
-    for plain in ("llama3.1-8b", "llama4-scout"):
-        assert kv_groups(load_model(plain), engine) == (load_model(plain).layers, None)
+    assert kv_groups(load_model("llama3.1-8b"), engine) == (32, None)
 
 
 def test_model_that_does_not_fit_is_one_line_with_the_numbers():

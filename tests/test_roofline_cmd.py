@@ -68,6 +68,13 @@ def test_default_mode_follows_model_parallel_and_step_overrides(capsys):
     assert "attn_allreduce" in rows and "qk_norm" in rows
 
 
+def test_local_attention_groups_are_named_beside_the_kv_blocks(capsys):
+    out = run(capsys, "model=gpt-oss-120b")
+    assert "in the full-attention layers, shared with 1 local-attention group(s) that keep the last 128 tokens" in out
+    plain = run(capsys, "model=llama3.1-8b")
+    assert "KV blocks" in plain and "local-attention" not in plain
+
+
 def test_kernel_mode_matches_the_cost_model(capsys, tmp_path):
     out = run(capsys, "kernel.family=gemm", "kernel.m=8192", "kernel.n=8192", "kernel.k=8192", "kernel.dtype=bf16",
               f"out={tmp_path / 'k.parquet'}")
