@@ -44,7 +44,7 @@ def plan(cfg) -> list[dict]:
     raw = container(cfg)
     rank([], str(raw["objective"]))  # an unknown objective is refused before any work
     settings, space = _settings(raw)
-    cands = candidates(settings.model, settings.engine, space)
+    cands = candidates(settings.model, settings.engine, space, settings.hardware)
     if not cands:
         raise KernelsightError("no candidate: the search space has no layout vLLM would start for this model "
                                f"(search.tp={list(space.tp)}, search.max_gpus_per_replica={space.max_gpus_per_replica})")

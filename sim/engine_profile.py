@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -30,10 +30,22 @@ GRAPH_MODES = ("full_and_piecewise", "full_decode_only", "piecewise")
 ATTENTION_LAYOUTS = ("paged", "flat_masked")
 
 
+def vllm_batch_defaults(hw) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) `vllm serve` picks for a GPU when neither is given
+    (EngineArgs.get_batch_defaults, OPENAI_API_SERVER): 8192 and 1024 on GPUs of at least 70 GiB that are
+    not A100s (H100, H200, B200, MI300X), 2048 and 256 on the others (A100, L40S, L4, A10: vLLM PR #17885)."""
+    if hw.mem_gb >= 70 and "a100" not in f"{hw.key} {hw.name}".lower():
+        return 8192, 1024
+    return 2048, 256
+
+
 @dataclass(frozen=True)
 class SchedulerSettings:
-    max_num_batched_tokens: int
-    max_num_seqs: int
+    """The scheduler: section; max_num_batched_tokens / max_num_seqs None ('auto' in YAML) until
+    EngineProfile.on_gpu gives them vLLM's defaults for the GPU."""
+
+    max_num_batched_tokens: int | None
+    max_num_seqs: int | None
     block_size: int
     gpu_memory_utilization: float
     enable_prefix_caching: bool
@@ -204,6 +216,20 @@ class EngineProfile:
     serving_error: ServingError = field(default=ServingError(), repr=False, compare=False)
     source: str = ""
 
+    def on_gpu(self, hw) -> "EngineProfile":
+        """This profile with the batch limits left 'auto' set as vLLM sets them on `hw` (vllm_batch_defaults);
+        a limit given keeps its value. The same profile when both are given."""
+        s = self.scheduler
+        if s.max_num_batched_tokens is not None and s.max_num_seqs is not None:
+            return self
+        tokens, seqs = vllm_batch_defaults(hw)
+        tokens = s.max_num_batched_tokens or tokens
+        seqs = s.max_num_seqs or seqs
+        if tokens < seqs:
+            raise KernelsightError(f"{self.source or self.name}: scheduler.max_num_batched_tokens = {tokens} (vLLM's "
+                                   f"default on {hw.key}) must be >= scheduler.max_num_seqs = {seqs}; set both")
+        return replace(self, scheduler=replace(s, max_num_batched_tokens=tokens, max_num_seqs=seqs))
+
     @classmethod
     def from_mapping(cls, data: Any, source: str = "<mapping>") -> "EngineProfile":
         v = check(data, _FIELDS, source)
@@ -212,7 +238,8 @@ class EngineProfile:
         if list(sizes) != sorted(set(sizes)):
             raise KernelsightError(f"{source}: field 'cuda_graph.capture_sizes' must be strictly increasing")
         sched = v["scheduler"]
-        if sched["max_num_batched_tokens"] < sched["max_num_seqs"]:
+        if None not in (sched["max_num_batched_tokens"], sched["max_num_seqs"]) and \
+                sched["max_num_batched_tokens"] < sched["max_num_seqs"]:
             raise KernelsightError(f"{source}: field 'scheduler.max_num_batched_tokens' = "
                                    f"{sched['max_num_batched_tokens']} must be >= scheduler.max_num_seqs = "
                                    f"{sched['max_num_seqs']} (vLLM refuses this too)")
@@ -232,8 +259,8 @@ _FIELDS = {
     "name": Spec("str"),
     "engine": Spec("str"),
     "scheduler": Spec("section", fields={
-        "max_num_batched_tokens": Spec("pos"),
-        "max_num_seqs": Spec("pos"),
+        "max_num_batched_tokens": Spec("pos_or_auto"),
+        "max_num_seqs": Spec("pos_or_auto"),
         "block_size": Spec("pos"),
         "gpu_memory_utilization": Spec("fraction"),
         "enable_prefix_caching": Spec("bool"),

@@ -120,6 +120,7 @@ def activation_peak_bytes(model: ModelConfig, engine: EngineProfile, par: Parall
 
 def memory_plan(model: ModelConfig, hw, engine: EngineProfile, par: ParallelConfig) -> MemoryPlan:
     """The budget; a model that does not fit, or leaves no KV block, is one line with the numbers."""
+    engine = engine.on_gpu(hw)
     mem = engine.memory
     total = hw.mem_gb * GiB * (1.0 - mem.total_reserved_fraction)
     util = engine.scheduler.gpu_memory_utilization

@@ -31,10 +31,10 @@ from itertools import product
 from typing import Any, Callable, Iterable, Mapping
 
 from kernelsight.predictor.errors import KernelsightError
-from kernelsight.predictor.hardware import Hardware
+from kernelsight.predictor.hardware import Hardware, load_hardware
 from kernelsight.predictor.predict import Predictor
 
-from .engine_profile import EngineProfile
+from .engine_profile import EngineProfile, vllm_batch_defaults
 from .kv_cache import request_blocks
 from .model import KV_DTYPES, ModelConfig
 from .parallel import ParallelConfig, shard
@@ -208,17 +208,20 @@ class Candidate:
                               pp_link="net" if group * self.pp > node_gpus else "nvlink")
 
 
-def candidates(model: ModelConfig, engine: Mapping, space: SearchSpace) -> list[Candidate]:
+def candidates(model: ModelConfig, engine: Mapping, space: SearchSpace,
+               hardware: Mapping[str, Hardware] | None = None) -> list[Candidate]:
     """Every combination of the space that vLLM would start: layouts the model's heads allow, expert
     parallelism only on a mixture-of-experts model, attention data parallelism only there too (on a dense
-    model it is plain replicas), max_num_batched_tokens >= max_num_seqs."""
+    model it is plain replicas), max_num_batched_tokens >= max_num_seqs. Limits the space and the profile
+    leave 'auto' take vLLM's defaults on each GPU (hardware: catalog key -> Hardware; None: the catalog's)."""
     sched = engine["scheduler"]
     out = []
     for gpu, tp, pp, adp, seqs, mbt, kv in product(space.gpus, space.tp, space.pp, space.attention_dp,
                                                    space.max_num_seqs, space.max_num_batched_tokens,
                                                    space.kv_cache_dtype):
-        seqs = seqs or sched["max_num_seqs"]
-        mbt = mbt or sched["max_num_batched_tokens"]
+        default_mbt, default_seqs = vllm_batch_defaults(hardware[gpu] if hardware else load_hardware(gpu))
+        seqs = seqs or _given(sched["max_num_seqs"]) or default_seqs
+        mbt = mbt or _given(sched["max_num_batched_tokens"]) or default_mbt
         if tp * pp * adp > space.max_gpus_per_replica or mbt < seqs or (adp > 1 and model.moe is None):
             continue
         if model.kv_heads % tp and tp % model.kv_heads:
@@ -235,6 +238,11 @@ def candidates(model: ModelConfig, engine: Mapping, space: SearchSpace) -> list[
         kv = model.kv_dtype if kv == "auto" else kv
         out.extend(Candidate(gpu, tp, pp, ep, adp, seqs, mbt, kv) for ep in eps)
     return list(dict.fromkeys(out))
+
+
+def _given(limit) -> int | None:
+    """A profile's batch limit, None where it is 'auto'."""
+    return None if limit == "auto" else limit
 
 
 def engine_for(engine: Mapping, cand: Candidate) -> EngineProfile:

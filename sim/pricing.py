@@ -140,6 +140,7 @@ class StepPricer:
 
     def __init__(self, model: ModelConfig, hw, engine: EngineProfile, parallel: ParallelConfig, predictor,
                  power=None, context_limit: int | None = None):
+        engine = engine.on_gpu(hw)
         self.model, self.hw, self.engine, self.parallel, self.predictor = model, hw, engine, parallel, predictor
         self.power = power
         self.shard = shard(model, parallel)

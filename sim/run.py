@@ -112,6 +112,7 @@ def build_setup(model: ModelConfig, hardware: Hardware, engine: EngineProfile, p
     context.resolve_max_model_len). Any problem is one KernelsightError line."""
     hw = hardware.on_network(parallel.net_gbs_per_gpu)
     model = model.served_on(hw)  # vLLM's dtype='auto': fp16 (or fp32) where the GPU has no bf16
+    engine = engine.on_gpu(hw)   # batch limits left 'auto': vLLM's defaults for the GPU
     blocks = kv_cache_blocks(model, hw, engine, parallel)  # refuses layouts that do not fit
     if blocks < 2:
         raise KernelsightError(f"model {model.name} on {hw.key}: only {blocks} KV block fits; "

@@ -25,7 +25,7 @@ class Spec:
     kind: 'pos' (integer >= 1), 'nonneg' (integer >= 0), 'number' (finite,
     >= 0), 'positive' (finite, > 0), 'fraction' (0 < x <= 1), 'real' (finite, any
     sign), 'bool', 'str', 'choice' (one of `choices`), 'ints' (list of integers
-    >= 1), 'section' (nested mapping
+    >= 1), 'pos_or_auto' ('pos', or the string 'auto', read as None), 'section' (nested mapping
     checked against `fields`), 'optional_section' (the same, or null).
     default: used when the key is absent; no default means required.
     """
@@ -86,10 +86,14 @@ def field_value(value: Any, spec: Spec, source: str, full: str) -> Any:
             return None
         fail("must not be null")
     kind = spec.kind
+    if kind == "pos_or_auto":
+        if value == "auto":
+            return None
+        kind = "pos"
     if kind in ("pos", "nonneg"):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                 or value != int(value):
-            fail("must be an integer")
+            fail("must be an integer" + (" or 'auto'" if spec.kind == "pos_or_auto" else ""))
         lo = 1 if kind == "pos" else 0
         if value < lo:
             fail(f"must be >= {lo}")

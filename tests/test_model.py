@@ -9,7 +9,7 @@ import yaml
 
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.hardware import load_hardware
-from kernelsight.sim.engine_profile import load_engine
+from kernelsight.sim.engine_profile import load_engine, vllm_batch_defaults
 from kernelsight.sim.kv_cache import SlidingGroups
 from kernelsight.sim.memory import GiB, kv_cache_blocks, kv_groups, memory_plan
 from kernelsight.sim.model import ModelConfig, from_hf, list_models, load_hf_config, load_model, model_dir
@@ -245,7 +245,8 @@ def test_local_attention_layers_form_vllm_hybrid_kv_groups(name, size, groups, w
     group's layers, so the pool has layers / group size times the blocks of one spanning every layer; the
     sliding (or chunked) groups keep only their window (chunk). Off (--disable-hybrid-kv-cache-manager)
     every layer keeps every token, as in models without local attention."""
-    hw, engine, par = load_hardware("h100_sxm"), load_engine("vllm_v1"), load_parallel(parallel)
+    hw, par = load_hardware("h100_sxm"), load_parallel(parallel)
+    engine = load_engine("vllm_v1").on_gpu(hw)
     model = load_model(name)
     budget = engine.scheduler.max_num_batched_tokens
     assert kv_groups(model, engine) == (size, SlidingGroups(groups, window, budget, chunked))
@@ -272,7 +273,13 @@ def test_model_that_does_not_fit_is_one_line_with_the_numbers():
 
 def test_engine_profile_schema_refuses_bad_values(tmp_path):
     engine = yaml.safe_load((model_dir().parent / "engine" / "vllm_v1.yaml").read_text())
-    assert load_engine("vllm_v1").scheduler.max_num_batched_tokens == 8192
+    assert load_engine("vllm_v1").scheduler.max_num_batched_tokens is None     # auto: set per GPU
+    path = tmp_path / "e.yaml"
+    engine["scheduler"]["max_num_seqs"] = "many"
+    path.write_text(yaml.safe_dump(engine))
+    with pytest.raises(KernelsightError, match="'scheduler.max_num_seqs' = 'many': must be an integer or 'auto'"):
+        load_engine(path)
+    engine["scheduler"]["max_num_seqs"] = "auto"
     engine["scheduler"]["gpu_memory_utilization"] = 1.5
     path = tmp_path / "e.yaml"
     path.write_text(yaml.safe_dump(engine))
@@ -292,6 +299,30 @@ def test_engine_profile_schema_refuses_bad_values(tmp_path):
     path.write_text(yaml.safe_dump(engine))
     with pytest.raises(KernelsightError, match="frontend"):
         load_engine(path)
+
+
+@pytest.mark.parametrize("gpu, limits", [("h100_sxm", (8192, 1024)), ("h200_sxm", (8192, 1024)),
+                                         ("mi300x", (8192, 1024)), ("b200_sxm", (8192, 1024)),
+                                         ("a100_sxm", (2048, 256)), ("l40s", (2048, 256)), ("l4", (2048, 256))])
+def test_batch_limits_left_auto_take_vllm_serve_defaults_per_gpu(gpu, limits):
+    """EngineArgs.get_batch_defaults (OPENAI_API_SERVER): GPUs of >= 70 GiB that are not A100s get 8192
+    tokens and 1024 sequences, the others 2048 and 256; a limit given keeps its value."""
+    hw = load_hardware(gpu)
+    assert vllm_batch_defaults(hw) == limits
+    engine = load_engine("vllm_v1").on_gpu(hw)
+    assert (engine.scheduler.max_num_batched_tokens, engine.scheduler.max_num_seqs) == limits
+    given = replace(load_engine("vllm_v1"), scheduler=replace(load_engine("vllm_v1").scheduler,
+                                                              max_num_batched_tokens=4096)).on_gpu(hw)
+    assert (given.scheduler.max_num_batched_tokens, given.scheduler.max_num_seqs) == (4096, limits[1])
+    assert given.on_gpu(hw) is given
+
+
+def test_a_given_limit_that_conflicts_with_the_gpu_default_is_one_line():
+    engine = load_engine("vllm_v1")
+    many = replace(engine, scheduler=replace(engine.scheduler, max_num_seqs=4096))
+    with pytest.raises(KernelsightError, match=r"max_num_batched_tokens = 2048 \(vLLM's default on l40s\) must be "
+                                               r">= scheduler.max_num_seqs = 4096; set both"):
+        many.on_gpu(load_hardware("l40s"))
 
 
 def _hf_error(tmp_path, **changes) -> str:

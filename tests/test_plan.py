@@ -92,6 +92,9 @@ def test_candidates_follow_what_vllm_starts():
     assert {c.attention_dp for c in got} == {1}  # attention DP only on a mixture of experts
     assert {c.max_num_seqs for c in got} == {256}  # 4096 > max_num_batched_tokens 2048: vLLM refuses
     assert {c.ep for c in got} == {1}
+    defaults = candidates(dense, cfg["engine"], SearchSpace.from_mapping({"tp": [1]}, ["l40s", "h100_sxm"]))
+    assert {(c.gpu, c.max_num_batched_tokens, c.max_num_seqs) for c in defaults} == {("l40s", 2048, 256),
+                                                                                     ("h100_sxm", 8192, 1024)}
     cfg, moe = _composed("qwen3-30b-a3b")
     got = candidates(moe, cfg["engine"], SearchSpace.from_mapping({"tp": [1, 4], "attention_dp": [1, 2],
                                                                    "kv_cache_dtype": ["auto", "fp8"]}, ["h200_sxm"]))
@@ -111,7 +114,7 @@ def test_engine_knobs_and_vllm_capture_sizes():
     engine = engine_for(cfg["engine"], cand)
     assert engine.scheduler.max_num_seqs == 64 and engine.scheduler.max_num_batched_tokens == 4096
     assert engine.cuda_graph.capture_sizes[-1] == 128  # min(2 x max_num_seqs, 512)
-    assert cfg["engine"]["scheduler"]["max_num_seqs"] == 1024  # the composed profile is not changed
+    assert cfg["engine"]["scheduler"]["max_num_seqs"] == "auto"  # the composed profile is not changed
     assert engine_for(cfg["engine"], replace(cand, max_num_seqs=1024)).cuda_graph.capture_sizes[-1] == 512
 
 

@@ -33,6 +33,10 @@ def portable(path) -> str:
 
 
 
+def _limit(value: int | None) -> str:
+    return str(value) if value is not None else "auto (vLLM's default for the row's GPU)"
+
+
 def protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mappings, num_requests,
                     devices) -> list[str]:
     rounds = (f"{num_requests} requests per row (override)" if num_requests else
@@ -43,8 +47,8 @@ def protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mappings
              if settings.start == "staggered" else
              "every client's first request at t = 0 (a measured phase starting from an idle engine)")
     out = [f"closed loop at the row's concurrency, unique prompts; {rounds}; {start}",
-           f"engine profile {engine.name}: max_num_batched_tokens {engine.scheduler.max_num_batched_tokens}, "
-           f"max_num_seqs {engine.scheduler.max_num_seqs}, CUDA graphs {engine.cuda_graph.mode}, async scheduling "
+           f"engine profile {engine.name}: max_num_batched_tokens {_limit(engine.scheduler.max_num_batched_tokens)}, "
+           f"max_num_seqs {_limit(engine.scheduler.max_num_seqs)}, CUDA graphs {engine.cuda_graph.mode}, async scheduling "
            f"{engine.host.async_scheduling}, frontend {delay_label(engine.frontend.delay_ms(False))} "
            f"(latency + mean exponential jitter, counted in TTFT; "
            f"{delay_label(engine.frontend.delay_ms(True))} with async scheduling)",
