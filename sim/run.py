@@ -94,8 +94,10 @@ class Setup:
             f" attention_dp={p.attention_dp}" if p.attention_dp > 1 else "")
         asynchronous = self.engine.host.async_scheduling
         served = f", served in {self.model.served_dtype}" if self.model.served_dtype else ""
+        sched = self.engine.scheduler
         return (f"{self.model.name}{served} on {self.hw.name} ({layout}), engine {self.engine.name} "
-                f"({'async' if asynchronous else 'sync'} scheduling, frontend "
+                f"({sched.max_num_batched_tokens} tokens x {sched.max_num_seqs} seqs per step, "
+                f"{'async' if asynchronous else 'sync'} scheduling, frontend "
                 f"{delay_label(self.engine.frontend.delay_ms(asynchronous))}), workload {self.workload.config.name}, "
                 f"pricing tier {self.pricer.predictor.tier}")
 

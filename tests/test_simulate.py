@@ -495,3 +495,11 @@ def test_sliding_window_layers_keep_their_window_so_long_prompts_fit_twice_as_ma
     assert on["preemptions"] == 0 < off["preemptions"]
     assert 0.4 < on["kv_usage_max"] < 0.7 and off["kv_usage_max"] > 0.99
     assert on["median_ttft_ms"] < 0.5 * off["median_ttft_ms"]
+
+
+def test_the_run_line_names_the_batch_limits_vllm_serve_picks_for_the_gpu(capsys):
+    simulate(composed("hardware=l40s", "num_requests=5", "intervals=false", "plots=false"))
+    assert "engine vllm_v1 (2048 tokens x 256 seqs per step, sync scheduling" in capsys.readouterr().out
+    simulate(composed("hardware=l40s", "engine.scheduler.max_num_batched_tokens=4096", "num_requests=5",
+                      "intervals=false", "plots=false"))
+    assert "engine vllm_v1 (4096 tokens x 256 seqs per step" in capsys.readouterr().out
