@@ -267,10 +267,12 @@ class KVCacheManager:
             need = -(-total // bs) - len(blocks) - len(computed_blocks)
             evictable = sum(1 for b in computed_blocks if ref[b] == 0)
             if self._sw:    # a new request: its window below the hit, and the new tokens, in every group
-                request.sw_start = self.sliding.skipped_blocks(num_computed, bs)
-                sw_new = self._sw * max(-(-total // bs) - request.sw_start, 0)
+                sw_start = self.sliding.skipped_blocks(num_computed, bs)
+                sw_new = self._sw * max(-(-total // bs) - sw_start, 0)
             if need + evictable + sw_new > self.num_free:
                 return False
+            if self._sw:
+                request.sw_start = sw_start
             for b in computed_blocks:
                 if ref[b] == 0:
                     self._remove_free(b)

@@ -309,3 +309,23 @@ def test_request_blocks_bound_a_request_by_its_window_and_one_chunk():
     assert request_blocks(300, 16, sliding) == 19 * 7     # shorter than the window: every group holds it all
     chunked = SlidingGroups(3, 8192, max_chunk=8192, chunked=True)
     assert request_blocks(100_000, 16, chunked) == 6250 + 3 * 1024      # (8192 + 8192) / 16
+
+
+def test_a_refused_admission_with_a_prefix_hit_leaves_no_window_state_behind():
+    """A hit admission that does not fit changes nothing, so a later admission without the hit (its blocks
+    evicted meanwhile) takes every block its prompt needs in the sliding groups."""
+    kv = sliding_kv(30)
+    shared = ((SHARED_PREFIX, 0), 6 * BS)
+    a = req(1, [shared, ((UNIQUE, 1), BS)])
+    admit(kv, a)
+    kv.free(a, a.prompt_len)
+    hog = req(2, [((UNIQUE, 2), 5 * BS)])
+    admit(kv, hog)                           # 15 of the 30 blocks, from the never-used ones first
+    b = req(3, [shared, ((UNIQUE, 3), 4 * BS)])
+    hits = kv.get_computed_blocks(b, b.prompt_len)
+    assert len(hits) == 6 and not kv.allocate_slots(b, 0, b.prompt_len, 4 * BS, hits)
+    assert b.sw_start == 0 and b.sw_blocks == [] and b.block_ids == []
+    kv.free(hog, hog.prompt_len)
+    assert kv.allocate_slots(b, 0, b.prompt_len, b.prompt_len)    # no hit: all 10 blocks in every group
+    assert len(b.block_ids) == 10 and len(b.sw_blocks) == 2 * 10 and b.sw_start == 0
+    kv.check_invariants()
