@@ -318,7 +318,7 @@ class Engine:
         if steps < 2:
             return False
         block_step, block_index = run.blocks(steps, kv.block_size)
-        per_block = 1 + (kv.sliding.groups if kv.sliding else 0)   # a block in the full group and one in each sliding group
+        per_block = 1 + kv.sliding_groups   # a block in the full group and one in each sliding group
         if len(block_step) * per_block > kv.num_free:   # from the step that could find no free block: step by step
             steps = int(block_step[kv.num_free // per_block])
             if steps < 2:
@@ -439,7 +439,7 @@ class Engine:
         reqs = run.requests
         block_slots = run.slots[block_index[:taken]].tolist()
         used_before = kv.num_used
-        event_used = [] if kv.sliding else None   # blocks in use after each block taken (the sliding groups
+        event_used = [] if kv.sliding_groups else None   # blocks in use after each block taken (the sliding groups
         gpu = prices.gpu_s[:scheduled].tolist()   # give some back as they take)
         if self.recorder is None:
             kv.append_blocks([reqs[slot] for slot in block_slots], event_used)   # free blocks for all: checked

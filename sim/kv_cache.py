@@ -105,7 +105,7 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.sliding = sliding
-        self._sw = sliding.groups if sliding else 0   # blocks a sliding-window block takes: one per group
+        self.sliding_groups = sliding.groups if sliding else 0   # blocks a new sliding-window block takes
         self.ref_cnt = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         # Free queue, in eviction order: the blocks never used yet (ids _fresh..n-1, in id order), then a doubly
@@ -148,27 +148,6 @@ class KVCacheManager:
         self._next[p] = n
         self._prev[n] = p
         self.num_free -= 1
-
-    def _pop_free(self) -> int:
-        """The block at the head of the free queue, its cached hash evicted."""
-        if self._fresh < self.num_blocks:
-            block = self._fresh
-            self._fresh = block + 1
-            self.num_free -= 1
-            return block
-        nxt = self._next
-        head = self._head
-        block = nxt[head]
-        after = nxt[block]
-        nxt[head] = after
-        self._prev[after] = head
-        self.num_free -= 1
-        h = self.block_hash[block]
-        if h is not None:
-            self.block_hash[block] = None
-            self._uncache(h, block)
-            self.evictions += 1
-        return block
 
     def _pop_free_blocks(self, count: int) -> list[int]:
         """The `count` blocks at the head of the free queue (as many _pop_free calls), hashes evicted in order."""
@@ -266,12 +245,12 @@ class KVCacheManager:
             total = num_computed + num_new_tokens
             need = -(-total // bs) - len(blocks) - len(computed_blocks)
             evictable = sum(1 for b in computed_blocks if ref[b] == 0)
-            if self._sw:    # a new request: its window below the hit, and the new tokens, in every group
+            if self.sliding_groups:    # a new request: its window below the hit, and the new tokens, in every group
                 sw_start = self.sliding.skipped_blocks(num_computed, bs)
-                sw_new = self._sw * max(-(-total // bs) - sw_start, 0)
+                sw_new = self.sliding_groups * max(-(-total // bs) - sw_start, 0)
             if need + evictable + sw_new > self.num_free:
                 return False
-            if self._sw:
+            if self.sliding_groups:
                 request.sw_start = sw_start
             for b in computed_blocks:
                 if ref[b] == 0:
@@ -282,8 +261,8 @@ class KVCacheManager:
         else:
             total = num_computed + num_new_tokens
             need = -(-total // bs) - len(blocks)
-            if self._sw:
-                sw_new = self._sw * max(-(-total // bs) - self._slide(request, num_computed), 0)
+            if self.sliding_groups:
+                sw_new = self.sliding_groups * max(-(-total // bs) - self._slide(request, num_computed), 0)
             if need + sw_new > self.num_free:
                 return False
         if sw_new:  # vLLM's groups in layer order: the sliding ones come first in every shipped model
@@ -310,7 +289,7 @@ class KVCacheManager:
         out of their window; False when none is free (the blocks given back stay free, as in vLLM)."""
         blocks = request.block_ids
         if num_computed >= len(blocks) * self.block_size:
-            sw = self._sw
+            sw = self.sliding_groups
             if sw:
                 self._slide(request, num_computed)
             if self.num_free < 1 + sw:
@@ -332,7 +311,7 @@ class KVCacheManager:
         leave it: no call reaches those blocks). False, changing nothing, when fewer blocks are free than the
         calls take (the caller then goes one by one, preempting where vLLM would). used_after: if given,
         receives the blocks in use after each call."""
-        sw = self._sw
+        sw = self.sliding_groups
         if len(requests) * (1 + sw) > self.num_free:
             return False
         ref, bs = self.ref_cnt, self.block_size
@@ -362,18 +341,21 @@ class KVCacheManager:
 
     def _slide(self, request: Request, num_computed: int) -> int:
         """Give back the request's sliding-window blocks no token after num_computed reads (vLLM
-        remove_skipped_blocks: each group's, newest first, to the tail of the free queue); returns the block
-        index its sliding groups have allocated up to."""
-        sw, held = self._sw, request.sw_blocks
+        remove_skipped_blocks); returns the block index its sliding groups have allocated up to."""
         start = request.sw_start
-        end = start + len(held) // sw
+        end = start + len(request.sw_blocks) // self.sliding_groups
         drop = min(self.sliding.skipped_blocks(num_computed, self.block_size), end) - start
         if drop > 0:
-            freed = [held[k * sw + g] for g in range(sw) for k in range(drop - 1, -1, -1)]
-            self._release(freed)
-            del held[:drop * sw]
-            request.sw_start = start + drop
+            self._release_sliding(request, drop)
         return end
+
+    def _release_sliding(self, request: Request, count: int) -> None:
+        """Give back the first `count` held blocks of each sliding group, group by group, each newest first,
+        to the tail of the free queue (vLLM's order: groups in layer order, a group's blocks in reverse)."""
+        sw, held = self.sliding_groups, request.sw_blocks
+        self._release([held[k * sw + g] for g in range(sw) for k in range(count - 1, -1, -1)])
+        del held[:count * sw]
+        request.sw_start += count
 
     def _release(self, blocks) -> None:
         """Drop a reference to each block; those left without one join the tail of the free queue in order."""
@@ -413,12 +395,8 @@ class KVCacheManager:
         """
         if self.enable_caching and num_cacheable // self.block_size > request.num_cached_blocks:
             self._cache_full_blocks(request, min(num_cacheable // self.block_size, len(request.block_ids)))
-        sw = self._sw
-        if sw and request.sw_blocks:    # the sliding groups first, each newest block first (vLLM's group order)
-            held = request.sw_blocks
-            n = len(held) // sw
-            self._release([held[k * sw + g] for g in range(sw) for k in range(n - 1, -1, -1)])
-            request.sw_blocks = []
+        if request.sw_blocks:    # the sliding groups first (vLLM's group order)
+            self._release_sliding(request, len(request.sw_blocks) // self.sliding_groups)
         request.sw_start = 0
         self._release(reversed(request.block_ids))
         request.block_ids = []

@@ -90,9 +90,12 @@ def kv_groups(model: ModelConfig, engine: EngineProfile) -> tuple[int, SlidingGr
 def kv_block_bytes(model: ModelConfig, engine: EngineProfile, par: ParallelConfig) -> float:
     """Bytes of one KV block on one GPU: block_size tokens of K and V (MLA: the latent row) in every layer
     of one KV-cache group (kv_groups; all layers without sliding-window groups) on its pipeline stage."""
+    return _block_bytes(model, engine, par, kv_groups(model, engine)[0])
+
+
+def _block_bytes(model: ModelConfig, engine: EngineProfile, par: ParallelConfig, group_layers: int) -> float:
     s = shard(model, par)
-    size, _ = kv_groups(model, engine)
-    return (engine.scheduler.block_size * math.ceil(size * s.layers / model.layers) * model.kv_cache_rows
+    return (engine.scheduler.block_size * math.ceil(group_layers * s.layers / model.layers) * model.kv_cache_rows
             * s.kv_heads * model.head_dim * dtype_bytes(model.kv_dtype))
 
 
@@ -137,7 +140,8 @@ def memory_plan(model: ModelConfig, hw, engine: EngineProfile, par: ParallelConf
     non_torch = (mem.non_torch_gib + (mem.collective_buffers_gib if par.gpus_per_replica > 1 else 0.0)) * GiB
     graphs = mem.cuda_graph_gib * GiB
     kv = requested - weights - activations - non_torch - graphs
-    block = kv_block_bytes(model, engine, par)
+    group_layers, sliding = kv_groups(model, engine)
+    block = _block_bytes(model, engine, par, group_layers)
     blocks = math.floor(kv / block) if kv > 0 else 0
     if blocks < 1:
         raise KernelsightError(
@@ -147,7 +151,7 @@ def memory_plan(model: ModelConfig, hw, engine: EngineProfile, par: ParallelConf
             f"or add GPUs")
     return MemoryPlan(total=total, requested=requested, weights=weights, activations=activations,
                       non_torch=non_torch, cuda_graphs=graphs, kv_cache=kv, block_bytes=block, blocks=blocks,
-                      block_size=engine.scheduler.block_size, sliding=kv_groups(model, engine)[1])
+                      block_size=engine.scheduler.block_size, sliding=sliding)
 
 
 def kv_cache_blocks(model: ModelConfig, hw, engine: EngineProfile, par: ParallelConfig) -> int:

@@ -4,7 +4,7 @@
 returns a SimulationResult (summary dict, metrics, per-family breakdown,
 per-request table). The steps:
 
-1. build_setup sizes the KV cache the way vLLM does (memory.kv_cache_blocks;
+1. build_setup sizes the KV cache the way vLLM does (memory.memory_plan;
    one block is vLLM's null block), puts the GPU on the layout's scale-out
    network and prices steps with StepPricer over the predictor (η bundle, or
    roofline with a warning);
@@ -39,7 +39,7 @@ from .energy import energy_summary, kernel_power
 from .engine import Engine, Replica, build_replicas
 from .engine_profile import EngineProfile, ServingError, delay_label
 from .kv_cache import SlidingGroups
-from .memory import kv_cache_blocks, kv_groups
+from .memory import memory_plan
 from .metrics import grouped
 from .model import ModelConfig
 from .parallel import ParallelConfig
@@ -115,7 +115,8 @@ def build_setup(model: ModelConfig, hardware: Hardware, engine: EngineProfile, p
     hw = hardware.on_network(parallel.net_gbs_per_gpu)
     model = model.served_on(hw)  # vLLM's dtype='auto': fp16 (or fp32) where the GPU has no bf16
     engine = engine.on_gpu(hw)   # batch limits left 'auto': vLLM's defaults for the GPU
-    blocks = kv_cache_blocks(model, hw, engine, parallel)  # refuses layouts that do not fit
+    memory = memory_plan(model, hw, engine, parallel)  # refuses layouts that do not fit
+    blocks = memory.blocks
     if blocks < 2:
         raise KernelsightError(f"model {model.name} on {hw.key}: only {blocks} KV block fits; "
                                f"nothing is left beside vLLM's null block")
@@ -129,7 +130,7 @@ def build_setup(model: ModelConfig, hardware: Hardware, engine: EngineProfile, p
                                f"scheduler.max_num_batched_tokens={sched.max_num_batched_tokens} < max_model_len="
                                f"{max_len} (vLLM refuses this too); raise it or set max_model_len")
     return Setup(model, hw, engine, parallel, pricer, sched, blocks - 1, max_len, Workload(workload),
-                 sliding=kv_groups(model, engine)[1])
+                 sliding=memory.sliding)
 
 
 def check_slo(slo: dict | None) -> dict:

@@ -47,9 +47,9 @@ def protocol_lines(settings: RunSettings, engine: EngineProfile, tiers, mappings
              if settings.start == "staggered" else
              "every client's first request at t = 0 (a measured phase starting from an idle engine)")
     out = [f"closed loop at the row's concurrency, unique prompts; {rounds}; {start}",
-           f"engine profile {engine.name}: max_num_batched_tokens {_limit(engine.scheduler.max_num_batched_tokens)}, "
-           f"max_num_seqs {_limit(engine.scheduler.max_num_seqs)}, CUDA graphs {engine.cuda_graph.mode}, async scheduling "
-           f"{engine.host.async_scheduling}, frontend {delay_label(engine.frontend.delay_ms(False))} "
+           f"engine profile {engine.name}: max_num_batched_tokens "
+           f"{_limit(engine.scheduler.max_num_batched_tokens)}, max_num_seqs {_limit(engine.scheduler.max_num_seqs)}, "
+           f"CUDA graphs {engine.cuda_graph.mode}, async scheduling {engine.host.async_scheduling}, frontend {delay_label(engine.frontend.delay_ms(False))} "
            f"(latency + mean exponential jitter, counted in TTFT; "
            f"{delay_label(engine.frontend.delay_ms(True))} with async scheduling)",
            f"rows of vLLM {'.'.join(map(str, ASYNC_DEFAULT_SINCE))} or later (backend_version) run with async "
