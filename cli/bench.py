@@ -308,6 +308,8 @@ def serve_workloads(cfg) -> list[ServeWorkload]:
     whole_number(cfg.warmup_requests, "warmup_requests", 0)
     if isinstance(cfg.timeout_s, bool) or not isinstance(cfg.timeout_s, (int, float)) or not cfg.timeout_s > 0:
         raise KernelsightError(f"timeout_s={cfg.timeout_s!r}: must be a positive number of seconds")
+    if isinstance(cfg.idle_seconds, bool) or not isinstance(cfg.idle_seconds, (int, float)) or cfg.idle_seconds < 0:
+        raise KernelsightError(f"idle_seconds={cfg.idle_seconds!r}: must be a number of seconds >= 0")
     engine = container(cfg.engine)
     for key in ("block_size", "num_blocks", "max_batch_tokens"):
         if engine.get(key) is not None:
@@ -324,8 +326,10 @@ def _serve(cfg, device, workloads: list, pending: list, run_dir: Path, measured:
     from transformers import GenerationConfig
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
+    from kernelsight.microbench.nvml import GpuMonitor, PowerMeter
     from kernelsight.microbench.serving import build_model, run_workload, workload_seed
 
+    monitor = GpuMonitor.open(device)  # None on a CPU or without nvidia-ml-py: no energy recorded
     model = build_model(*hf_model(cfg), str(cfg.dtype), str(device), str(cfg.attn_implementation),
                         int(cfg.seed))
     engine = {k: v for k, v in container(cfg.engine).items() if v is not None}
@@ -345,18 +349,32 @@ def _serve(cfg, device, workloads: list, pending: list, run_dir: Path, measured:
             warm = ServeWorkload("warmup", "closed_loop", min(w.isl for w in workloads), 8,
                                  int(cfg.warmup_requests), concurrency=int(cfg.warmup_requests))
             run_workload(manager, warm, serve_requests(warm, int(cfg.seed)), vocab, int(cfg.seed))
+        idle = None
+        if monitor is not None and cfg.idle_seconds:  # the engine started, no request: the idle draw
+            with PowerMeter(monitor) as meter:
+                time.sleep(float(cfg.idle_seconds))
+            idle = meter.reading()["mean_power_w"]
         for w in pending:
             start = time.perf_counter()
             seed = workload_seed(int(cfg.seed), w.name)
             requests = serve_requests(w, seed)
-            rows = run_workload(manager, w, requests, vocab, seed, float(cfg.timeout_s))
+            energy = None
+            if monitor is None:
+                rows = run_workload(manager, w, requests, vocab, seed, float(cfg.timeout_s))
+            else:
+                with PowerMeter(monitor) as meter:
+                    rows = run_workload(manager, w, requests, vocab, seed, float(cfg.timeout_s))
+                energy = {**meter.reading(), "idle_power_w": idle}
             write_table(pd.DataFrame(trace_rows(requests)), run_dir / f"{w.name}_trace.csv")
             write_table(pd.DataFrame(rows), run_dir / f"{w.name}.parquet")  # a workload whole or not at all
             spec = {k: v for k, v in asdict(w).items() if k != "name" and v is not None}
             measured[w.name] = {"workload": spec, "seed": seed, "engine": resolved,
                                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            if energy is not None:
+                measured[w.name]["energy"] = energy
             write_json(run_dir / "workloads.json", measured, sort_keys=True)
-            print(f"  {w.name}: {len(rows)} requests in {time.perf_counter() - start:.1f} s")
+            print(f"  {w.name}: {len(rows)} requests in {time.perf_counter() - start:.1f} s" +
+                  (f", {energy['energy_j'] / 1e3:.2f} kJ, mean {energy['mean_power_w']:.0f} W" if energy else ""))
     finally:
         manager.stop(block=True)
 
@@ -373,7 +391,8 @@ def _serve_summary(cfg, device, key: str, run_dir: Path, measured: dict) -> None
     done = [ServeWorkload.from_mapping(name, m["workload"]) for name, m in measured.items()
             if (run_dir / f"{name}.parquet").is_file()]
     rows = pd.concat([pd.read_parquet(run_dir / f"{w.name}.parquet") for w in done], ignore_index=True)
-    summary = pd.DataFrame(summarize(rows.to_dict("records"), done))
+    summary = pd.DataFrame(summarize(rows.to_dict("records"), done,
+                                     {name: m["energy"] for name, m in measured.items() if m.get("energy")}))
     summary.insert(0, "model", cfg.model.name)
     summary.insert(1, "device", key)
     write_table(summary, run_dir / "summary.csv")

@@ -7,6 +7,8 @@ through the device UUID, which is used for the lookup only and never stored.
 from __future__ import annotations
 
 import importlib.util
+import threading
+import time
 from dataclasses import dataclass
 
 # Throttle ("clocks event") reasons that mean the clock was held down by power
@@ -61,6 +63,10 @@ class GpuMonitor:
         """Total energy since the driver loaded, millijoules (Volta and newer)."""
         return int(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
 
+    def power_w(self) -> float:
+        """Board power draw, watts, as NVML reports it (on Hopper and newer a 1 s moving average)."""
+        return self._nvml.nvmlDeviceGetPowerUsage(self._handle) / 1000.0
+
     def has_nvlink(self) -> bool:
         """True when NVLink 0 of this GPU is up (then NCCL talks over NVLink)."""
         try:
@@ -92,3 +98,43 @@ class GpuMonitor:
             "app_sm_clock_mhz": read(n.nvmlDeviceGetApplicationsClock, n.NVML_CLOCK_SM),
             "persistence_mode": read(n.nvmlDeviceGetPersistenceMode),
         }
+
+
+class PowerMeter:
+    """Energy and power of the GPU over a window (one serving workload): joules from NVML's energy counter
+    at the window's ends, mean power from them, peak power as the highest of the power readings a
+    background thread takes every `interval_s`.
+
+    monitor: anything with energy_mj() and power_w() (a GpuMonitor).
+    """
+
+    def __init__(self, monitor, interval_s: float = 0.1):
+        self.monitor, self.interval_s = monitor, interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._samples: list[float] = []
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._samples.append(self.monitor.power_w())
+
+    def __enter__(self) -> "PowerMeter":
+        self._samples = [self.monitor.power_w()]
+        self._stop.clear()
+        self._e0, self._t0 = self.monitor.energy_mj(), time.perf_counter()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._e1, self._t1 = self.monitor.energy_mj(), time.perf_counter()
+        self._stop.set()
+        self._thread.join()
+
+    def reading(self) -> dict:
+        """energy_j, duration_s, mean_power_w, peak_power_w, power_samples of the last window."""
+        seconds = self._t1 - self._t0
+        joules = (self._e1 - self._e0) / 1e3
+        return {"energy_j": joules, "duration_s": seconds,
+                "mean_power_w": joules / seconds if seconds > 0 else float("nan"),
+                "peak_power_w": max(self._samples), "power_samples": len(self._samples)}

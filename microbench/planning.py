@@ -21,7 +21,7 @@ COLLECTIVE_TIMING = "hot"  # collectives run back to back without an L2 flush, a
 DEVICES = ("cuda", "cpu")
 # The libraries of the providers (Provider.library, the first part of a provider's name), known without
 # importing them or torch, so a mistyped selector fails before torch loads (a test keeps this list current).
-LIBRARIES = ("torch", "triton", "flash_attn", "flashinfer", "vllm")
+LIBRARIES = ("torch", "triton", "inductor", "flash_attn", "flashinfer", "vllm")
 
 
 def check_device(kind: str) -> str:

@@ -156,7 +156,7 @@ def measure(item: WorkItem, ctx: Context) -> dict:
         return {**row, "status": "mismatch", "flags": ",".join(flags),
                 "error": f"relative error {err:.3g} > {dtype} bound {bound:g} against the float32 reference"}
     before = ctx.monitor.clocks() if ctx.monitor else None
-    stats, runner = ctx.clock.measure(fn, graphable=item.provider.graphable)
+    stats, runner = ctx.clock.measure(fn, graphable=item.provider.graphable, always_graph=item.provider.always_graph)
     energy_j = power_w = None
     if ctx.energy(item.family):
         energy_j, power_w = measure_energy(runner, ctx.clock, ctx.monitor, stats.median_ms, ctx.energy(item.family))

@@ -238,8 +238,10 @@ def run_workload(manager, workload: ServeWorkload, requests: list, vocab: int, s
     return _Client(manager, workload, requests, vocab, seed, timeout_s).run()
 
 
-def summarize(rows: list[dict], workloads: list[ServeWorkload]) -> list[dict]:
-    """Per workload: the settings, request count, TTFT/TPOT means and medians, output tokens per second."""
+def summarize(rows: list[dict], workloads: list[ServeWorkload], energy: dict | None = None) -> list[dict]:
+    """Per workload: the settings, request count, TTFT/TPOT means and medians, output tokens per second,
+    and where `energy` (workload name -> PowerMeter reading) has it, the GPU's joules, joules per output
+    token and power."""
     import pandas as pd
 
     df = pd.DataFrame(rows)
@@ -253,6 +255,12 @@ def summarize(rows: list[dict], workloads: list[ServeWorkload]) -> list[dict]:
                     "ttft_ms": part["ttft_ms"].mean(), "ttft_median_ms": part["ttft_ms"].median(),
                     "tpot_ms": part["tpot_ms"].mean(), "tpot_median_ms": part["tpot_ms"].median(),
                     "output_tokens_per_s": part["output_len"].sum() / span if span > 0 else float("nan")})
+        reading = (energy or {}).get(w.name)
+        if reading:
+            out[-1].update({"energy_j": reading["energy_j"],
+                            "energy_per_output_token_j": reading["energy_j"] / part["output_len"].sum(),
+                            "mean_power_w": reading["mean_power_w"], "peak_power_w": reading["peak_power_w"],
+                            "idle_power_w": reading.get("idle_power_w")})
     return out
 
 

@@ -9,7 +9,9 @@ L2 / HBM bandwidth (about 17 us on an H100) of time no serving step pays; the
 first H100 sweep (data/sweeps/h100_sxm/full-1, written-buffer flush) shows an
 excess of that size over aiconfigurator's cuBLAS timings of the same GEMMs.
 Calls shorter than `graph_below_us` are replayed from a CUDA graph so
-launch gaps are not timed (recorded per row). On a CPU the same loop runs with
+launch gaps are not timed (recorded per row); a provider whose host work outlasts
+small kernels (Provider.always_graph: a torch.compile'd call) is replayed at every
+size. On a CPU the same loop runs with
 time.perf_counter_ns and a last-level-cache flush buffer.
 
 Energy (NVML) is a separate loop of back-to-back calls lasting at least
@@ -100,13 +102,15 @@ class Clock:
             torch.cuda.synchronize(self.device)
             return None
 
-    def measure(self, fn: Callable[[], Any], graphable: bool = True) -> tuple[Stats, Callable[[], Any]]:
-        """Statistics of fn and the callable that was timed (eager fn or its graph replay)."""
+    def measure(self, fn: Callable[[], Any], graphable: bool = True,
+                always_graph: bool = False) -> tuple[Stats, Callable[[], Any]]:
+        """Statistics of fn and the callable that was timed (eager fn or its graph replay); always_graph: replay
+        from a graph in 'auto' mode whatever the call's length."""
         cfg = self.cfg
         warm = self.time_calls(fn, max(cfg.warmup, 1))
         runner, graphed = fn, False
-        if self.cuda and graphable and (cfg.cuda_graph == "on" or
-                                        (cfg.cuda_graph == "auto" and min(warm) * 1e3 < cfg.graph_below_us)):
+        auto = always_graph or min(warm) * 1e3 < cfg.graph_below_us
+        if self.cuda and graphable and (cfg.cuda_graph == "on" or (cfg.cuda_graph == "auto" and auto)):
             replay = self._graph(fn)
             if replay is not None:
                 runner, graphed = replay, True

@@ -123,3 +123,56 @@ def test_bad_settings_are_one_line_errors(tmp_path, capsys):
             cli.main(["bench", "serve", f"out={tmp_path}", *args])
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+class _CountingGpu:
+    """An NVML-like reader: the energy counter runs at 250 W of wall time, power readings climb by 10 W each."""
+
+    def __init__(self):
+        import time
+        self.t0, self.clock, self.reads = time.perf_counter(), time.perf_counter, 0
+
+    def energy_mj(self) -> int:
+        return int(250.0 * (self.clock() - self.t0) * 1e3)
+
+    def power_w(self) -> float:
+        self.reads += 1
+        return 100.0 + 10.0 * self.reads
+
+
+def test_power_meter_reads_joules_from_the_counter_and_peak_from_samples():
+    import time
+
+    from kernelsight.microbench.nvml import PowerMeter
+
+    gpu = _CountingGpu()
+    with PowerMeter(gpu, interval_s=0.01) as meter:
+        time.sleep(0.25)
+    r = meter.reading()
+    assert 0.24 < r["duration_s"] < 1.0
+    assert r["energy_j"] == pytest.approx(250.0 * r["duration_s"], rel=0.02)  # the counter, not the samples
+    assert r["mean_power_w"] == pytest.approx(250.0, rel=0.02)
+    assert r["power_samples"] == gpu.reads >= 5 and r["peak_power_w"] == 100.0 + 10.0 * gpu.reads
+
+
+def test_summary_carries_energy_per_output_token():
+    from kernelsight.microbench.serving import summarize
+
+    w = ServeWorkload.from_mapping("closed_c8", {"arrival": "closed_loop", "concurrency": 2, "isl": 8, "osl": 4,
+                                                 "num_requests": 2})
+    rows = [{"workload": "closed_c8", "send_s": 0.0, "finish_s": 2.0, "ttft_ms": 10.0, "tpot_ms": 5.0,
+             "output_len": 4}, {"workload": "closed_c8", "send_s": 0.5, "finish_s": 2.0, "ttft_ms": 12.0,
+                                "tpot_ms": 6.0, "output_len": 4}]
+    reading = {"energy_j": 800.0, "duration_s": 2.0, "mean_power_w": 400.0, "peak_power_w": 520.0,
+               "power_samples": 20, "idle_power_w": 90.0}
+    out = summarize(rows, [w], {"closed_c8": reading})[0]
+    assert out["energy_per_output_token_j"] == 100.0 and out["mean_power_w"] == 400.0
+    assert out["peak_power_w"] == 520.0 and out["idle_power_w"] == 90.0
+    assert "energy_j" not in summarize(rows, [w])[0]  # no reading (a CPU run): no energy columns
+
+
+def test_idle_seconds_must_be_a_duration(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "serve", f"out={tmp_path}", *TINY, "only=[closed_c8]", "idle_seconds=-1"])
+    err = capsys.readouterr().err
+    assert "idle_seconds=-1" in err and len(err.strip().splitlines()) == 1

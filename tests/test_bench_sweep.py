@@ -65,6 +65,9 @@ def test_cpu_sweep_rows_follow_the_contract(cpu_sweep):
     assert {"torch.F.linear", "torch._scaled_mm", "triton.paged_decode", "triton.prefill_attention",
             "triton.reshape_and_cache", "triton.rope_neox", "triton.rope_gptj", "triton.rms_norm",
             "triton.act_and_mul", "gloo"} <= set(df["provider"])
+    inductor = [p for b in BENCHES.values() for p in b.providers if p.library == "inductor"]
+    if inductor[0].unavailable(torch.device("cpu")) is None:  # a C++ compiler for Inductor's CPU kernels
+        assert {p.name for p in inductor} <= set(df["provider"])
     assert (df["device"] == "cpu").all() and (df["source"] == "measured").all() and (df["sweep_id"] == "s1").all()
     assert (df["latency_p10_ms"] <= df["latency_ms"]).all() and (df["latency_ms"] <= df["latency_p90_ms"]).all()
     assert (df["samples"] >= 2).all()

@@ -79,3 +79,33 @@ def test_serve_run_all_is_every_committed_run(tmp_path, capsys):
                   f"serve.table={tmp_path}/t.csv"])
     err = capsys.readouterr().err
     assert "a run is given twice" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_measured_energy_is_scored_against_the_simulated_and_the_tdp_baseline(tmp_path):
+    """A run whose workloads carry NVML readings gets energy columns; the values here are planted: 400 W mean
+    over a window of the measured requests' span, so the checks follow from them alone."""
+    run = tmp_path / "h100_sxm" / "energy"
+    shutil.copytree(RUN, run)
+    measured = json.loads((run / "workloads.json").read_text())
+    for name in ("closed_c8", "poisson_r2"):
+        rows = pd.read_parquet(run / f"{name}.parquet")
+        span = float(rows["finish_s"].max() - rows["send_s"].min())
+        measured[name]["energy"] = {"energy_j": 400.0 * span, "duration_s": span, "mean_power_w": 400.0,
+                                    "peak_power_w": 600.0, "power_samples": 10, "idle_power_w": 90.0}
+    (run / "workloads.json").write_text(json.dumps(measured))
+    report, table = tmp_path / "serve.md", tmp_path / "rows.csv"
+    cli.main(["validate", "engine=transformers_cb", f"serve.run={run}", f"serve.report={report}",
+              f"serve.table={table}"])
+    df = pd.read_csv(table).set_index("workload")
+    scored = df.dropna(subset=["energy_per_token"])
+    assert sorted(scored.index) == ["closed_c8", "poisson_r2"]
+    tokens = {w: pd.read_parquet(run / f"{w}.parquet")["output_len"].sum() for w in scored.index}
+    for w, r in scored.iterrows():
+        assert np.isclose(r["energy_per_token"] * tokens[w], 400.0 * r["energy_per_token_tdp"] * tokens[w] / 700.0)
+        assert np.isclose(r["err_power_tdp"], 75.0)  # 700 W TDP against 400 W measured
+        assert 100 < r["power_heldout"] < 700 and 0 < r["energy_per_token_heldout"]
+        assert 50 < r["idle_power_model"] < 200
+    assert df.loc["closed_c32", ["energy_per_token_heldout"]].isna().all()  # not measured: not scored
+    text = report.read_text()
+    assert "J/token measured" in text and "| 90 |" in text and "Median absolute error over 2 workloads" in text

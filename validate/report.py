@@ -47,11 +47,11 @@ def trio(d: dict) -> str:
     return " / ".join(f"{d[m]:g}" for m in ("tpot", "ttft", "throughput")) if d else "n/a"
 
 
-def add_errors(df: pd.DataFrame) -> pd.DataFrame:
+def add_errors(df: pd.DataFrame, metrics=METRIC_NAMES, kinds=KINDS) -> pd.DataFrame:
     """Signed and absolute % errors of every (metric, kind) prediction column present."""
     df = df.copy()
-    for metric in METRIC_NAMES:
-        for kind in KINDS:
+    for metric in metrics:
+        for kind in kinds:
             col = f"{metric}_{kind}"
             if col in df:
                 df[f"err_{metric}_{kind}"] = 100.0 * (df[col] / df[metric] - 1.0)

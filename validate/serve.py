@@ -29,9 +29,11 @@ import pandas as pd
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.hardware import load_hardware
 from kernelsight.predictor.paths import conf_dir, data_dir, read_yaml
+from kernelsight.sim.energy import energy_summary
 from kernelsight.sim.engine_profile import EngineProfile
 from kernelsight.sim.model import load_model
 from kernelsight.sim.parallel import ParallelConfig
+from kernelsight.sim.report import BreakdownAccumulator
 from kernelsight.sim.run import Setup, build_setup
 from kernelsight.sim.workload import WorkloadConfig
 
@@ -39,6 +41,9 @@ from . import composition as comp
 from . import report as rep
 from .rows import throughput
 from .run import Recorder, step_log
+
+
+ENERGY_METRICS = ("energy_per_token", "power")   # J per output token, mean W per GPU
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,10 @@ class ServeWorkloadRun:
     ttft_ms: float
     tpot_ms: float
     throughput: float  # output tokens per second
+    output_tokens: int = 0
+    energy_j: float = float("nan")      # NVML over the workload (bench serve on a GPU), NaN when not measured
+    mean_power_w: float = float("nan")
+    idle_power_w: float = float("nan")  # the engine idle, before the call's first workload
 
 
 def _read_json(path: Path) -> dict:
@@ -95,7 +104,10 @@ def load_run(run_dir) -> tuple[dict, list[ServeWorkloadRun]]:
             ttft_ms=float(rows["ttft_ms"].mean()), tpot_ms=float(rows["tpot_ms"].mean()),
             throughput=(throughput(w.get("concurrency"), int(w.get("osl", 0)), rows["ttft_ms"].mean(),
                                    rows["tpot_ms"].mean()) if w.get("arrival") == "closed_loop"
-                        else float(rows["output_len"].sum() / span))))
+                        else float(rows["output_len"].sum() / span)),
+            output_tokens=int(rows["output_len"].sum()),
+            **{k: float(record["energy"][k]) for k in ("energy_j", "mean_power_w", "idle_power_w")
+               if isinstance(record.get("energy"), dict) and record["energy"].get(k) is not None}))
     if not out:
         raise KernelsightError(f"{run_dir}/workloads.json: no measured workloads")
     return env, out
@@ -114,14 +126,18 @@ def _setup(env: dict, w: ServeWorkloadRun, engine: dict, tier: dict) -> Setup:
                        tier=tier.get("tier", "auto"), bundle=tier.get("bundle"))
 
 
-def simulate_workload(env: dict, w: ServeWorkloadRun, engine: dict, tier: dict):
-    """(recorder, summary, setup) of one workload replayed in the simulator."""
+def simulate_workload(env: dict, w: ServeWorkloadRun, engine: dict, tier: dict, energy: bool = False):
+    """(recorder, summary, setup) of one workload replayed in the simulator; energy: price the kernels'
+    joules too (the summary's energy fields, sim/energy.py)."""
     setup = _setup(env, w, engine, tier)
     recorder = Recorder()
-    sim = setup.new_engine(0, recorder=recorder)
+    sim = setup.new_engine(0, recorder=recorder, breakdown=BreakdownAccumulator() if energy else None)
     summary = sim.run(setup.workload.requests(None, 0))
     if summary["failed"]:
         raise KernelsightError(f"workload {w.name}: {summary['failed']} requests do not fit the simulated KV cache")
+    if energy:
+        summary.update(energy_summary(sim.breakdown.energy, setup.pricer.power, summary, setup.parallel,
+                                      len(sim.replicas)))
     return recorder, summary, setup
 
 
@@ -177,16 +193,22 @@ def validate_serve(runs, engine_map: dict, tier: dict, params, metrics, progress
                      "ttft": w.ttft_ms, "tpot": w.tpot_ms, "throughput": w.throughput,
                      "ttft_simulated": ttft, "tpot_simulated": tpot, "throughput_simulated": thr,
                      "prefix_hit_rate": summary.get("prefix_cache_hit_rate", np.nan),
+                     "energy_per_token": w.energy_j / w.output_tokens, "power": w.mean_power_w,
+                     "idle_power": w.idle_power_w,
                      "steps": len(recorder.steps), "wall_s": time.perf_counter() - t0})
         if w.arrival == "closed_loop":
             log = step_log(recorder, summary, setup.num_blocks, 0.0, f"workload {w.name}")
             lins.append(comp.linearize(log, engine.host, np.ones(len(log.request_id), dtype=bool)))
             closed.append(len(rows) - 1)
     df = pd.DataFrame(rows)
-    for col in ("ttft_heldout", "tpot_heldout", "throughput_heldout"):
+    energy_cols = ("energy_per_token_heldout", "power_heldout", "energy_per_token_tdp", "power_tdp",
+                   "idle_power_model") if any(np.isfinite(w.energy_j) for _, w in replays) else ()
+    if not energy_cols:
+        df = df.drop(columns=["energy_per_token", "power", "idle_power"])
+    for col in ("ttft_heldout", "tpot_heldout", "throughput_heldout", *energy_cols):
         df[col] = np.nan
     if not lins:  # nothing to fit on: the profile's host terms only
-        return rep.add_errors(df), {}
+        return rep.add_errors(df), {}  # energy needs the fitted terms: not scored
     measured = df.loc[closed, ["ttft", "tpot"]].to_numpy()
     theta = comp.fit(lins, measured, params, metrics)
     fits = {"all closed-loop workloads": theta}
@@ -201,12 +223,23 @@ def validate_serve(runs, engine_map: dict, tier: dict, params, metrics, progress
             df.loc[i, ["ttft_heldout", "tpot_heldout", "throughput_heldout"]] = (
                 ttft, tpot, throughput(w.concurrency, w.osl, ttft, tpot))
     for i, (env, w) in enumerate(replays):
-        if w.arrival != "closed_loop":  # a run without closed loops never entered a fit: every one is held out
-            terms = thetas.get(df.loc[i, "run"], theta) if by_run else theta
-            fitted = {**engine_map, "host": {**engine_map["host"], **{k: terms[k] for k in params}}}
-            _, summary, _ = simulate_workload(env, w, fitted, tier)
+        measured_energy = np.isfinite(w.energy_j)
+        if w.arrival == "closed_loop" and not measured_energy:
+            continue
+        # held-out terms: a closed loop's from the fit without its group, a Poisson workload's from every
+        # closed loop of the other runs (one run: of that run; a run without closed loops: never fitted on)
+        terms = thetas.get(df.loc[i, "run" if by_run else "workload"], theta)
+        fitted = {**engine_map, "host": {**engine_map["host"], **{k: terms[k] for k in params}}}
+        _, summary, setup = simulate_workload(env, w, fitted, tier, energy=measured_energy)
+        if w.arrival != "closed_loop":
             df.loc[i, ["ttft_heldout", "tpot_heldout", "throughput_heldout"]] = sim_metrics(summary, w)
-    return rep.add_errors(df), fits
+        if measured_energy:
+            df.loc[i, ["energy_per_token_heldout", "power_heldout"]] = (
+                summary["energy_per_output_token_j"], summary["mean_power_w_per_gpu"])
+            duration = w.energy_j / w.mean_power_w  # the measured window; the baseline draws TDP all of it
+            df.loc[i, ["energy_per_token_tdp", "power_tdp", "idle_power_model"]] = (
+                setup.hw.tdp_w * duration / w.output_tokens, setup.hw.tdp_w, setup.pricer.power.idle_w)
+    return rep.add_errors(rep.add_errors(df), ENERGY_METRICS, ("heldout", "tdp")), fits
 
 
 def serve_report(df: pd.DataFrame, fits: dict, runs: list[Path], engine_name: str, tier: dict, params, metrics,
@@ -246,5 +279,36 @@ def serve_report(df: pd.DataFrame, fits: dict, runs: list[Path], engine_name: st
                 f"{part[f'abs_{m}_heldout'].median():.1f}" for m in ("ttft", "tpot", "throughput")) + " |")
         lines += ["", "Fitted host terms (us):", ""]
     lines += [f"- {name}: " + ", ".join(f"{k} {theta[k]:.0f}" for k in params) for name, theta in fits.items()]
+    lines += energy_lines(df)
     lines += ["", f"Per-workload table: {table}; {seconds:.0f} s."]
+    return lines
+
+
+def energy_lines(df: pd.DataFrame) -> list[str]:
+    """The energy section of the report: the workloads whose GPU energy bench serve measured (NVML), against
+    the simulator's (its power model was fitted on kernel sweeps, never on a serving run; the step times
+    with held-out host terms) and a baseline drawing the TDP over the measured time."""
+    if "energy_per_token_heldout" not in df:
+        return []
+    scored = df[np.isfinite(df["energy_per_token_heldout"])]
+    if scored.empty:
+        return []
+    lines = ["", "Energy, where measured (NVML energy counter over each workload, one GPU): J per output token and "
+                 "mean power, simulated with the held-out host terms; baseline: TDP x measured time.", "",
+             "| run | workload | J/token measured | simulated | TDP x time | mean W measured | simulated | "
+             "idle W measured | power model's idle W |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    idle = {}
+    for r in scored.itertuples():
+        idle_w = r.idle_power if "idle_power" in scored and np.isfinite(r.idle_power) else None
+        idle[r.run] = idle_w
+        lines.append(f"| {r.run} | {r.workload} | {r.energy_per_token:.3f} | {r.energy_per_token_heldout:.3f} "
+                     f"({r.err_energy_per_token_heldout:+.0f}%) | {r.energy_per_token_tdp:.3f} "
+                     f"({r.err_energy_per_token_tdp:+.0f}%) | {r.power:.0f} | {r.power_heldout:.0f} "
+                     f"({r.err_power_heldout:+.0f}%) | {'-' if idle_w is None else f'{idle_w:.0f}'} | "
+                     f"{r.idle_power_model:.0f} |")
+    lines += ["", f"Median absolute error over {len(scored)} workloads: J/token "
+                  f"{scored['abs_energy_per_token_heldout'].median():.1f} % (TDP x time "
+                  f"{scored['abs_energy_per_token_tdp'].median():.1f} %), mean power "
+                  f"{scored['abs_power_heldout'].median():.1f} % (TDP {scored['abs_power_tdp'].median():.1f} %)."]
     return lines

@@ -1,10 +1,13 @@
-"""act: gated activation out = act(x[:, :I]) * x[:, I:] (silu_and_mul, gelu_and_mul, gelu_tanh_and_mul)."""
+"""act: gated activation out = act(x[:, :I]) * x[:, I:] (silu_and_mul, gelu_and_mul, gelu_tanh_and_mul).
+
+inductor.act_and_mul is what vLLM V1 runs: SiluAndMul / GeluAndMul.forward_native compiled by Inductor.
+"""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from .base import FamilyBench, Provider, randn
+from .base import FamilyBench, Provider, inductor_provider, randn
 
 ACTIVATIONS = {"silu_mul": F.silu, "gelu_mul": F.gelu, "gelu_tanh_mul": lambda a: F.gelu(a, approximate="tanh")}
 
@@ -45,8 +48,16 @@ def _vllm_build(shape, inputs):
     return run
 
 
+def _native(shape, inputs):
+    """vLLM's SiluAndMul / GeluAndMul.forward_native."""
+    x = inputs["x"]
+    d = x.shape[-1] // 2
+    return ACTIVATIONS[shape.op](x[..., :d]) * x[..., d:]
+
+
 BENCH = FamilyBench(
     family="act", make_inputs=make_inputs, reference=reference,
     providers=(Provider("torch.act", _torch_build),
                Provider("triton.act_and_mul", _triton_build),
+               inductor_provider("inductor.act_and_mul", _native),
                Provider("vllm.act_and_mul", _vllm_build, requires="vllm", cuda_only=True)))

@@ -1,7 +1,8 @@
 """What a provider is, how inputs are made, and how an output is checked against the reference.
 
 A provider is one implementation of a kernel family (torch, a triton kernel of
-this project, an optional library). `build(shape, inputs)` returns the callable
+this project, an optional library, the kernels Inductor generates from a torch
+function: inductor_provider). `build(shape, inputs)` returns the callable
 that is timed; it must not allocate inputs or copy results (work done inside it
 is what gets measured). Each family module supplies fresh random inputs and a
 float32 reference, so every provider of a family is checked the same way.
@@ -41,6 +42,8 @@ class Provider:
         reference layout; runs after the timed call, never inside it.
     options: variant parameters the family reference needs too (e.g. the RoPE layout).
     graphable: False when the call syncs with the host (cannot be captured in a CUDA graph).
+    always_graph: with cuda_graph=auto, replay from a CUDA graph at every size, not only below graph_below_us:
+        the call's host work outlasts small kernels (timed and in the energy loop) where the engine pays none.
     cuda_only: the library has CUDA kernels only (no CPU path): unavailable on any other device.
     """
 
@@ -52,6 +55,7 @@ class Provider:
     unpack: Callable[[Shape, dict, Any], Any] = _identity
     options: Mapping = field(default_factory=dict)
     graphable: bool = True
+    always_graph: bool = False
     cuda_only: bool = False
 
     @property
@@ -163,3 +167,89 @@ def triton_dot_dtype(dtype: str, device) -> str | None:
     if dtype == "bf16" and device.type != "cuda" and interpreting():
         return "the triton interpreter cannot compute bf16 dots (numpy has no bf16)"
     return None
+
+
+# -- Inductor: the kernels vLLM V1 runs for its native layers ----------------------
+
+def inductor_provider(name: str, native: Callable[[Shape, dict], Any], **kwargs) -> Provider:
+    """A provider timing what Inductor generates from `native(shape, inputs)`, a plain torch function written
+    as vLLM writes the layer's forward_native (no in-place updates: vLLM's compiled graph is functional).
+
+    vLLM V1 compiles its model with torch.compile, and with custom ops off by default (CustomOp.default_on)
+    RMSNorm, SiluAndMul and RotaryEmbedding run as the Triton kernels Inductor generates for their native
+    forms (C++ kernels on a CPU). build compiles per shape (fullgraph=True, dynamic=False, Inductor's default
+    mode: no CUDA graphs of its own, so the harness can capture the call) and runs the compiled call once, so
+    compiling and autotuning are done before the correctness check and the timing. kwargs go to Provider.
+
+    A compiled call spends tens of microseconds on the host (Dynamo's guards, Inductor's Python wrapper), more
+    than a small kernel takes: it is always timed from a CUDA graph (always_graph), as vLLM replays these
+    kernels from CUDA graphs or runs them inside one compiled region per layer, not one call per kernel.
+    """
+    extra = kwargs.pop("available", None)
+
+    def available(device) -> str | None:
+        return _inductor_unavailable(device) or (extra(device) if extra else None)
+
+    return Provider(name, _inductor_build(native), available=available, always_graph=True, **kwargs)
+
+
+def _inductor_unavailable(device) -> str | None:
+    """Why torch.compile cannot make Inductor kernels on `device`, or None."""
+    try:
+        import torch._dynamo
+
+        if not torch._dynamo.is_dynamo_supported():
+            return f"torch.compile is not supported by torch {torch.__version__} on this Python"
+        if device.type == "cuda":
+            from torch.utils._triton import has_triton
+
+            if not has_triton():
+                return "Inductor's CUDA kernels need triton and a GPU of compute capability >= 7.0"
+            return None
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()  # Inductor's CPU kernels are C++ (g++ --version)
+    except Exception as e:  # noqa: BLE001 - whatever stops Inductor here is the reason
+        return f"torch.compile (Inductor) cannot run on {device.type}: {_one_line(_innermost(e))}"
+    return None
+
+
+def _innermost(e: BaseException) -> BaseException:
+    """The exception at the bottom of a chain (Dynamo wraps Inductor's and the compiled call's errors)."""
+    seen = {id(e)}
+    while True:
+        nxt = getattr(e, "inner_exception", None) or e.__cause__
+        if nxt is None or id(nxt) in seen:
+            return e
+        seen.add(id(nxt))
+        e = nxt
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+def _inductor_build(native: Callable[[Shape, dict], Any]) -> Callable[[Shape, dict], Callable[[], Any]]:
+    def build(shape: Shape, inputs: dict) -> Callable[[], Any]:
+        names = [k for k, v in inputs.items() if isinstance(v, torch.Tensor)]
+        fixed = {k: v for k, v in inputs.items() if k not in names}
+
+        def forward(*tensors):
+            return native(shape, {**fixed, **dict(zip(names, tensors))})
+
+        # Every build compiles the same `forward` code object for another shape: past Dynamo's recompile limit
+        # (8) fullgraph refuses it (older torch ran it eagerly), so each shape starts from empty caches (the
+        # previous shape's compiled call is no longer used).
+        torch.compiler.reset()
+        compiled = torch.compile(forward, fullgraph=True, dynamic=False)
+        args = tuple(inputs[k] for k in names)
+        try:
+            compiled(*args)  # compile (and autotune) now, outside any timed call
+        except Exception as e:  # noqa: BLE001 - a failed row says why, in one line
+            cause = _innermost(e)
+            if isinstance(cause, torch.OutOfMemoryError):
+                raise cause from None  # the runner's out-of-memory row
+            raise RuntimeError(f"torch.compile (Inductor) failed: {_one_line(cause)}") from e
+        return lambda: compiled(*args)
+    return build

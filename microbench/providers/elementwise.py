@@ -3,13 +3,14 @@
 Softmax and embedding work on rows of ROW elements (one row of numel when
 numel is not a multiple); the embedding gathers numel/ROW random rows from a
 table of 4x as many rows (at least 1024). Inputs keep every op finite: positive
-bases for pow/log/sqrt, denominators away from zero.
+bases for pow/log/sqrt, denominators away from zero. inductor.elementwise is the
+same torch code compiled by Inductor (the Triton kernels torch.compile'd models run).
 """
 from __future__ import annotations
 
 import torch
 
-from .base import FamilyBench, Provider, TORCH_DTYPES, randn
+from .base import FamilyBench, Provider, TORCH_DTYPES, inductor_provider, randn
 
 ROW = 4096
 SCALAR = 1.5
@@ -64,5 +65,10 @@ def _torch_build(shape, inputs):
     return lambda: _apply(shape.op, inputs)
 
 
+def _native(shape, inputs):
+    return _apply(shape.op, inputs)
+
+
 BENCH = FamilyBench(family="elementwise", make_inputs=make_inputs, reference=reference,
-                    providers=(Provider("torch.elementwise", _torch_build),))
+                    providers=(Provider("torch.elementwise", _torch_build),
+                               inductor_provider("inductor.elementwise", _native)))

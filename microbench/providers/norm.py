@@ -2,14 +2,16 @@
 
 With fused_residual the semantics are vLLM's fused_add_rms_norm: residual <-
 x + residual, output = norm(residual) * w; the check compares both the output
-and the updated residual.
+and the updated residual. inductor.rms_norm is what vLLM V1 runs: its
+RMSNorm.forward_static compiled by Inductor (out of place: it returns the new
+residual rather than updating it).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from .base import FamilyBench, Provider, TORCH_DTYPES, randn
+from .base import FamilyBench, Provider, TORCH_DTYPES, inductor_provider, randn
 
 EPS = 1e-6
 
@@ -82,8 +84,24 @@ def _vllm_build(shape, inputs):
     return run_fused
 
 
+def _native(shape, inputs):
+    """vLLM's RMSNorm.forward_static: float32 math (the residual added in float32, stored in the input dtype),
+    normalised, cast back to the input dtype, times the weight."""
+    x, residual, weight = inputs["x"], inputs.get("residual"), inputs["weight"]
+    orig_dtype = x.dtype
+    x = x.to(torch.float32)
+    if residual is not None:
+        x = x + residual
+        residual = x.to(orig_dtype)
+    variance = x.pow(2).mean(dim=-1, keepdim=True)
+    x = x * torch.rsqrt(variance + EPS)
+    x = x.to(orig_dtype) * weight
+    return x if residual is None else (x, residual)
+
+
 BENCH = FamilyBench(
     family="norm", make_inputs=make_inputs, reference=reference,
     providers=(Provider("torch.norm", _torch_build),
                Provider("triton.rms_norm", _triton_build, supports=_rms_only),
+               inductor_provider("inductor.rms_norm", _native, supports=_rms_only),
                Provider("vllm.rms_norm", _vllm_build, supports=_rms_only, requires="vllm", cuda_only=True)))

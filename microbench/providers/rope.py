@@ -3,12 +3,14 @@
 The cos/sin cache is vLLM's [max_position, head_dim] (cos | sin halves, base
 10000) in the activation dtype; positions are random. Each provider is one
 layout, named in its tag; the reference rotates the same layout in float32.
+inductor.rope_* is what vLLM V1 runs: RotaryEmbedding.forward_native compiled
+by Inductor (out of place: it returns new Q and K).
 """
 from __future__ import annotations
 
 import torch
 
-from .base import FamilyBench, Provider, TORCH_DTYPES, randn
+from .base import FamilyBench, Provider, TORCH_DTYPES, inductor_provider, randn
 
 MAX_POSITION = 32768
 BASE = 10000.0
@@ -82,6 +84,23 @@ def _vllm_build(neox):
     return build
 
 
+def _native(neox):
+    def native(shape, inputs):
+        """vLLM's RotaryEmbedding.forward_native with rotary_dim = head_dim (its pass-through part is empty)."""
+        positions = inputs["positions"].flatten()
+        num_tokens = positions.shape[0]
+        cos, sin = inputs["cos_sin"].index_select(0, positions).chunk(2, dim=-1)
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # apply_rotary_emb_torch, then .to(x.dtype)
+        out = []
+        for x in (inputs["q"], inputs["k"]):
+            x_shape = x.shape
+            x = x.view(num_tokens, -1, shape.head_dim)
+            rot = _rotated(x[..., :shape.head_dim], cos.to(x.dtype), sin.to(x.dtype), neox)
+            out.append(torch.cat((rot, x[..., shape.head_dim:]), dim=-1).reshape(x_shape))
+        return tuple(out)
+    return native
+
+
 def _even_dim(shape, device):
     return None if shape.head_dim % 2 == 0 else "rotary embedding needs an even head_dim"
 
@@ -91,6 +110,7 @@ def _providers():
         opts = {"neox": neox}
         yield Provider(f"torch.rope_{style}", _torch_build(neox), supports=_even_dim, options=opts)
         yield Provider(f"triton.rope_{style}", _triton_build(neox), supports=_even_dim, options=opts)
+        yield inductor_provider(f"inductor.rope_{style}", _native(neox), supports=_even_dim, options=opts)
         yield Provider(f"vllm.rotary_embedding_{style}", _vllm_build(neox),
                        supports=_even_dim, options=opts, requires="vllm", cuda_only=True)
 
