@@ -67,8 +67,11 @@ def print_plan(plan, pending, pending_coll, done: int, estimate: dict, hw_key: s
     for (name, why), n in sorted(plan.unsupported.items()):
         print(f"  provider {name} skips {n} shape(s): {why}")
     per = ", ".join(f"{f} {s / 60:.1f}" for f, s in estimate["per_family"].items())
+    builds = {item.provider.build_s for item in plan.items if item.provider.build_s}
+    build = f", {'/'.join(f'{b:g}' for b in sorted(builds))} s compiling per shape where a provider compiles" \
+        if builds else ""
     print(f"  estimated time on {hw_key}: {estimate['total'] / 60:.1f} min ({per}) "
-          f"[roofline x {ASSUMED_ETA:g} per call, {SETUP_S * 1e3:.0f} ms setup per measurement]")
+          f"[roofline x {ASSUMED_ETA:g} per call, {SETUP_S * 1e3:.0f} ms setup per measurement{build}]")
 
 
 def check_settings(cfg) -> tuple[dict, TimingConfig]:

@@ -165,11 +165,13 @@ def estimate(items: Iterable, collectives: Iterable[Shape], hw, timing, energy_s
              coll_reps: int, coll_warmup: int) -> dict:
     """Estimated seconds per family and in total on hardware entry `hw`.
 
-    energy_seconds(family): length of the energy loop of that family's shapes (0: none).
+    energy_seconds(family): length of the energy loop of that family's shapes (0: none). A provider's own
+    set-up per shape (Provider.build_s: compiling) counts too.
     """
     per_family: dict[str, float] = {}
     for item in items:
-        s = measurement_seconds(item.shape, hw, timing, energy_seconds(item.family), flush=timing.l2 == "cold")
+        s = measurement_seconds(item.shape, hw, timing, energy_seconds(item.family), flush=timing.l2 == "cold") + \
+            item.provider.build_s
         per_family[item.shape.family.name] = per_family.get(item.shape.family.name, 0.0) + s
     for shape in collectives:
         per_family[shape.family.name] = per_family.get(shape.family.name, 0.0) + \

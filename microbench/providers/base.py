@@ -45,6 +45,7 @@ class Provider:
     always_graph: with cuda_graph=auto, replay from a CUDA graph at every size, not only below graph_below_us:
         the call's host work outlasts small kernels (timed and in the energy loop) where the engine pays none.
     cuda_only: the library has CUDA kernels only (no CPU path): unavailable on any other device.
+    build_s: seconds `build` takes per shape before anything is timed (compiling), for the time estimate.
     """
 
     name: str
@@ -57,6 +58,7 @@ class Provider:
     graphable: bool = True
     always_graph: bool = False
     cuda_only: bool = False
+    build_s: float = 0.0
 
     @property
     def library(self) -> str:
@@ -171,6 +173,11 @@ def triton_dot_dtype(dtype: str, device) -> str | None:
 
 # -- Inductor: the kernels vLLM V1 runs for its native layers ----------------------
 
+# Seconds one shape's compile took on an H100 (torch 2.11: 0.6-2.5 s, about 1.5 typically; the first in a
+# process 10 s, Inductor's start-up, which the estimate leaves out): data/sweeps/README.md, inductor sweeps.
+INDUCTOR_BUILD_S = 1.5
+
+
 def inductor_provider(name: str, native: Callable[[Shape, dict], Any], **kwargs) -> Provider:
     """A provider timing what Inductor generates from `native(shape, inputs)`, a plain torch function written
     as vLLM writes the layer's forward_native (no in-place updates: vLLM's compiled graph is functional).
@@ -190,7 +197,8 @@ def inductor_provider(name: str, native: Callable[[Shape, dict], Any], **kwargs)
     def available(device) -> str | None:
         return _inductor_unavailable(device) or (extra(device) if extra else None)
 
-    return Provider(name, _inductor_build(native), available=available, always_graph=True, **kwargs)
+    return Provider(name, _inductor_build(native), available=available, always_graph=True,
+                    build_s=INDUCTOR_BUILD_S, **kwargs)
 
 
 def _inductor_unavailable(device) -> str | None:
