@@ -109,3 +109,21 @@ def test_measured_energy_is_scored_against_the_simulated_and_the_tdp_baseline(tm
     assert df.loc["closed_c32", ["energy_per_token_heldout"]].isna().all()  # not measured: not scored
     text = report.read_text()
     assert "J/token measured" in text and "| 90 |" in text and "Median absolute error over 2 workloads" in text
+
+
+@pytest.mark.parametrize("energy, message", [
+    ({"energy_j": "lots", "mean_power_w": 300.0}, "energy is not an NVML reading"),
+    ({"mean_power_w": 300.0}, "energy is not an NVML reading"),
+    ({"energy_j": -5.0, "mean_power_w": 300.0}, "must be positive"),
+])
+def test_a_bad_energy_reading_is_one_line(tmp_path, capsys, energy, message):
+    run = tmp_path / "run"
+    shutil.copytree(RUN, run)
+    measured = json.loads((run / "workloads.json").read_text())
+    measured["closed_c8"]["energy"] = energy
+    (run / "workloads.json").write_text(json.dumps(measured))
+    with pytest.raises(SystemExit):
+        cli.main(["validate", "engine=transformers_cb", f"serve.run={run}", f"serve.report={tmp_path}/r.md",
+                  f"serve.table={tmp_path}/t.csv"])
+    err = capsys.readouterr().err
+    assert message in err and "closed_c8" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -105,12 +105,28 @@ def load_run(run_dir) -> tuple[dict, list[ServeWorkloadRun]]:
             throughput=(throughput(w.get("concurrency"), int(w.get("osl", 0)), rows["ttft_ms"].mean(),
                                    rows["tpot_ms"].mean()) if w.get("arrival") == "closed_loop"
                         else float(rows["output_len"].sum() / span)),
-            output_tokens=int(rows["output_len"].sum()),
-            **{k: float(record["energy"][k]) for k in ("energy_j", "mean_power_w", "idle_power_w")
-               if isinstance(record.get("energy"), dict) and record["energy"].get(k) is not None}))
+            output_tokens=int(rows["output_len"].sum()), **_energy(record, run_dir, name)))
     if not out:
         raise KernelsightError(f"{run_dir}/workloads.json: no measured workloads")
     return env, out
+
+
+def _energy(record: dict, run_dir: Path, name: str) -> dict:
+    """A workload record's NVML reading as ServeWorkloadRun fields ({} when it has none); one clear line for a
+    reading that is not positive joules and watts."""
+    energy = record.get("energy") if isinstance(record, dict) else None
+    if energy is None:
+        return {}
+    try:
+        out = {k: float(energy[k]) for k in ("energy_j", "mean_power_w")}
+        out["idle_power_w"] = float("nan") if energy.get("idle_power_w") is None else float(energy["idle_power_w"])
+    except (TypeError, ValueError, KeyError) as e:
+        raise KernelsightError(f"{run_dir}/workloads.json: workload {name}: energy is not an NVML reading of "
+                               f"bench serve ({type(e).__name__}: {e})") from None
+    if not (out["energy_j"] > 0 and out["mean_power_w"] > 0):
+        raise KernelsightError(f"{run_dir}/workloads.json: workload {name}: energy_j and mean_power_w must be "
+                               f"positive (got {out['energy_j']}, {out['mean_power_w']})")
+    return out
 
 
 def _setup(env: dict, w: ServeWorkloadRun, engine: dict, tier: dict) -> Setup:
