@@ -12,6 +12,7 @@ gloo processes on a CPU): `torchrun --nproc-per-node N -m kernelsight.cli.bench
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
@@ -361,13 +362,10 @@ def _serve(cfg, device, workloads: list, pending: list, run_dir: Path, measured:
             start = time.perf_counter()
             seed = workload_seed(int(cfg.seed), w.name)
             requests = serve_requests(w, seed)
-            energy = None
-            if monitor is None:
+            meter = PowerMeter(monitor) if monitor is not None else None
+            with meter or contextlib.nullcontext():
                 rows = run_workload(manager, w, requests, vocab, seed, float(cfg.timeout_s))
-            else:
-                with PowerMeter(monitor) as meter:
-                    rows = run_workload(manager, w, requests, vocab, seed, float(cfg.timeout_s))
-                energy = {**meter.reading(), "idle_power_w": idle}
+            energy = {**meter.reading(), "idle_power_w": idle} if meter is not None else None
             write_table(pd.DataFrame(trace_rows(requests)), run_dir / f"{w.name}_trace.csv")
             write_table(pd.DataFrame(rows), run_dir / f"{w.name}.parquet")  # a workload whole or not at all
             spec = {k: v for k, v in asdict(w).items() if k != "name" and v is not None}

@@ -80,6 +80,11 @@ class Setup:
         return build_replicas(groups, self.scheduler, self.num_blocks, lambda: self.pricer, self.parallel.pp,
                               self.sliding)
 
+    def energy(self, engine: Engine, summary: dict) -> dict:
+        """The summary's energy fields of a finished run of `engine` (sim/energy.py; NaN without a breakdown)."""
+        return energy_summary(engine.breakdown.energy if engine.breakdown is not None else None, self.pricer.power,
+                              summary, self.parallel, len(engine.replicas))
+
     def new_engine(self, seed: int, router: str = "least_outstanding", **kwargs) -> Engine:
         """A fresh Engine over fresh replicas, with this setup's concurrency limit and frontend path."""
         latency_ms, jitter_ms = self.engine.frontend.delay_ms(self.engine.host.async_scheduling)
@@ -237,8 +242,7 @@ def run(setup: Setup, num_requests: int | None, seed: int, router: str = "least_
     finally:
         if bar is not None:
             bar.close()
-    summary.update(energy_summary(engine.breakdown.energy if engine.breakdown is not None else None,
-                                  setup.pricer.power, summary, setup.parallel, len(engine.replicas)))
+    summary.update(setup.energy(engine, summary))
     summary["wall_s"] = time.perf_counter() - start
     if recorder is not None:
         recorder.close(len(engine.replicas))

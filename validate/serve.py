@@ -29,7 +29,6 @@ import pandas as pd
 from kernelsight.predictor.errors import KernelsightError
 from kernelsight.predictor.hardware import load_hardware
 from kernelsight.predictor.paths import conf_dir, data_dir, read_yaml
-from kernelsight.sim.energy import energy_summary
 from kernelsight.sim.engine_profile import EngineProfile
 from kernelsight.sim.model import load_model
 from kernelsight.sim.parallel import ParallelConfig
@@ -152,8 +151,7 @@ def simulate_workload(env: dict, w: ServeWorkloadRun, engine: dict, tier: dict, 
     if summary["failed"]:
         raise KernelsightError(f"workload {w.name}: {summary['failed']} requests do not fit the simulated KV cache")
     if energy:
-        summary.update(energy_summary(sim.breakdown.energy, setup.pricer.power, summary, setup.parallel,
-                                      len(sim.replicas)))
+        summary.update(setup.energy(sim, summary))
     return recorder, summary, setup
 
 
@@ -209,18 +207,16 @@ def validate_serve(runs, engine_map: dict, tier: dict, params, metrics, progress
                      "ttft": w.ttft_ms, "tpot": w.tpot_ms, "throughput": w.throughput,
                      "ttft_simulated": ttft, "tpot_simulated": tpot, "throughput_simulated": thr,
                      "prefix_hit_rate": summary.get("prefix_cache_hit_rate", np.nan),
-                     "energy_per_token": w.energy_j / w.output_tokens, "power": w.mean_power_w,
-                     "idle_power": w.idle_power_w,
-                     "steps": len(recorder.steps), "wall_s": time.perf_counter() - t0})
+                     "steps": len(recorder.steps), "wall_s": time.perf_counter() - t0,
+                     **({"energy_per_token": w.energy_j / w.output_tokens, "power": w.mean_power_w,
+                         "idle_power": w.idle_power_w} if np.isfinite(w.energy_j) else {})})
         if w.arrival == "closed_loop":
             log = step_log(recorder, summary, setup.num_blocks, 0.0, f"workload {w.name}")
             lins.append(comp.linearize(log, engine.host, np.ones(len(log.request_id), dtype=bool)))
             closed.append(len(rows) - 1)
     df = pd.DataFrame(rows)
     energy_cols = ("energy_per_token_heldout", "power_heldout", "energy_per_token_tdp", "power_tdp",
-                   "idle_power_model") if any(np.isfinite(w.energy_j) for _, w in replays) else ()
-    if not energy_cols:
-        df = df.drop(columns=["energy_per_token", "power", "idle_power"])
+                   "idle_power_model") if "energy_per_token" in df else ()
     for col in ("ttft_heldout", "tpot_heldout", "throughput_heldout", *energy_cols):
         df[col] = np.nan
     if not lins:  # nothing to fit on: the profile's host terms only

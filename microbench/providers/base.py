@@ -256,8 +256,6 @@ def _inductor_build(native: Callable[[Shape, dict], Any]) -> Callable[[Shape, di
             compiled(*args)  # compile (and autotune) now, outside any timed call
         except Exception as e:  # noqa: BLE001 - a failed row says why, in one line
             cause = _innermost(e)
-            if isinstance(cause, KeyboardInterrupt):  # Ctrl-C inside the compiler (wrapped by Dynamo): stop
-                raise KeyboardInterrupt from None
             if isinstance(cause, torch.OutOfMemoryError):
                 raise cause from None  # the runner's out-of-memory row
             raise RuntimeError(f"torch.compile (Inductor) failed: {_one_line(cause)}") from e
