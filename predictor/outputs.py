@@ -101,11 +101,15 @@ def write_table(df: pd.DataFrame, path, setting: str = "out", **to_csv_kwargs) -
     """A .csv or .parquet table, chosen by the file name."""
     path = file_path(path, setting, TABLE_FORMATS)
     with atomic_file(path, setting) as tmp:
-        if path.suffix == ".csv":
-            df.to_csv(tmp, index=False, **to_csv_kwargs)
-        else:
-            df.to_parquet(tmp, index=False)
+        _table_to(df, tmp, path.suffix, **to_csv_kwargs)
     return path
+
+
+def _table_to(df: pd.DataFrame, tmp: Path, suffix: str, **to_csv_kwargs) -> None:
+    if suffix == ".csv":
+        df.to_csv(tmp, index=False, **to_csv_kwargs)
+    else:
+        df.to_parquet(tmp, index=False)
 
 
 def save_figure(fig, path, setting: str = "out", **savefig_kwargs) -> Path:
@@ -252,6 +256,42 @@ def _interrupts_deferred() -> Iterator[None]:
             raise KeyboardInterrupt
 
 
+def _remove_dead_temps(path: Path) -> None:
+    """Remove the temporary files of `path` (atomic_file's names) that a killed process left behind."""
+    for old in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = old.name[len(path.name) + 2:-len(".tmp")]
+        if pid.isdigit() and not _alive(int(pid)):
+            old.unlink(missing_ok=True)
+
+
+def _write_twins(tables, setting: str) -> None:
+    """Write a results table and its Parquet twin ((frame, path) each, the authority first) so that no
+    interruption, not even SIGKILL, leaves the two disagreeing: both are written to temporary files, then the
+    twin is removed and the two renamed into place, Ctrl-C held back meanwhile. A kill inside that leaves the
+    table (old or new) without its twin, which the next append writes again; a kill while writing leaves a
+    temporary file, which the next append removes."""
+    staged, replacing = [], False
+    try:
+        for frame, path in tables:
+            _remove_dead_temps(path)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            staged.append((tmp, path))
+            _table_to(frame, tmp, path.suffix)
+        with _interrupts_deferred():
+            replacing = True
+            for _, twin in staged[1:]:
+                twin.unlink(missing_ok=True)
+            for tmp, path in staged:
+                os.replace(tmp, path)
+    except OSError as e:
+        full = " (disk full or file size limit)" if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else ""
+        kept = ("its Parquet twin may be missing until the next append" if replacing else "nothing was written")
+        raise KernelsightError(f"{setting}={tables[0][1]}: cannot write: {_why(e)}{full}; {kept}") from None
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+
+
 def append_row(table, row: dict, key_columns: tuple[str, ...], setting: str = "results_table") -> Path:
     """Append one row to a CSV table shared by concurrent runs, and rewrite its Parquet twin.
 
@@ -273,9 +313,7 @@ def append_row(table, row: dict, key_columns: tuple[str, ...], setting: str = "r
             new = pd.DataFrame([row])
             frame = new if old.empty else pd.concat([old, new], ignore_index=True, sort=False)
             parquet = frame.astype({c: str for c in frame.columns if frame[c].dtype == object})
-            with _interrupts_deferred():  # Ctrl-C between the two writes would leave the twins disagreeing
-                write_table(frame, table, setting)
-                write_table(parquet, twin, setting)
+            _write_twins(((frame, table), (parquet, twin)), setting)
         except BaseException:
             if first and not table.exists():  # the table's first row failed (a full disk): leave nothing behind
                 lock_path.unlink(missing_ok=True)

@@ -22,6 +22,7 @@ import pandas as pd
 import pytest
 
 from kernelsight import cli
+from kernelsight.predictor.outputs import _alive
 from kernelsight.predictor.paths import data_dir
 
 pytestmark = pytest.mark.slow  # every test runs a command for seconds, some twice
@@ -115,8 +116,9 @@ def check_exit(sig: int, sent: bool, rc: int, err: str) -> bool:
 
 
 def leftovers(root: Path, known: set[str]) -> list[str]:
-    """Top-level entries of root beyond `known` that are neither a staging folder marked INCOMPLETE nor a
-    lock file (a killed process may leave both; neither is taken for output)."""
+    """Top-level entries of root beyond `known` that are neither a staging folder marked INCOMPLETE, a lock
+    file nor a hidden temporary file of a dead process (a killed process may leave each; none is taken for
+    output, and the next writer removes the temporary files)."""
     bad = []
     for path in root.iterdir():
         if path.name in known:
@@ -124,6 +126,9 @@ def leftovers(root: Path, known: set[str]) -> list[str]:
         if path.is_dir() and (path / MARKER).is_file():
             continue
         if path.name.startswith(".") and path.name.endswith(".lock"):
+            continue
+        temp = re.fullmatch(r"\..+\.(\d+)\.tmp", path.name)
+        if temp and not _alive(int(temp.group(1))):
             continue
         bad.append(path.name)
     return bad
@@ -194,6 +199,7 @@ def test_simulate_interrupted_keeps_the_previous_run_or_completes(sig, seed, tmp
     assert check_run_dir(work / "out", {}, 20) == "new"
     assert len(pd.read_csv(work / "runs.csv")) == len(table) + 1
     assert not [p.name for p in work.iterdir() if p.name.startswith(".out.")], "a dead run's staging folder stayed"
+    assert not list(work.glob(".runs.*.tmp")), "a dead run's temporary table files stayed"
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -130,3 +130,46 @@ def test_ctrl_c_between_the_twin_tables_writes_waits_for_both(tmp_path):
     finally:
         signal.signal(signal.SIGINT, previous)
     assert written == ["csv", "parquet"]
+
+
+@pytest.mark.parametrize("kill_at", ["writing the twin", "before the renames", "between the renames"])
+def test_a_kill_while_appending_never_leaves_the_twins_disagreeing(tmp_path, kill_at):
+    """SIGKILL-like death (os._exit: no clean-up runs) at each point of an append: the CSV holds the old rows
+    or the new ones, the Parquet twin is absent or agrees with it; the next append removes the dead process's
+    temporary files and writes both again."""
+    from kernelsight.predictor import outputs
+
+    table, keys = tmp_path / "runs.csv", ("model", "hardware")
+    append_row(table, {"model": "m", "hardware": "h0"}, keys)
+    pid = os.fork()
+    if pid == 0:  # the appender that dies
+        calls = {"table": 0, "replace": 0}
+        table_to, replace = outputs._table_to, outputs.os.replace
+
+        def dying_table_to(frame, tmp, suffix, **kw):
+            calls["table"] += 1
+            table_to(frame, tmp, suffix, **kw)
+            if kill_at == "writing the twin" and calls["table"] == 2:
+                os._exit(9)
+
+        def dying_replace(src, dst):
+            if kill_at == "before the renames" or calls["replace"] == 1:
+                os._exit(9)
+            calls["replace"] += 1
+            replace(src, dst)
+
+        outputs._table_to, outputs.os.replace = dying_table_to, dying_replace
+        try:
+            append_row(table, {"model": "m", "hardware": "h1"}, keys)
+        finally:
+            os._exit(0)  # not reached by a death
+    assert os.waitpid(pid, 0)[1] >> 8 == 9
+    csv = pd.read_csv(table)
+    assert len(csv) in (1, 2)
+    twin = table.with_suffix(".parquet")
+    if twin.exists():
+        assert len(pd.read_parquet(twin)) == len(csv), "the CSV and its Parquet twin disagree"
+    assert [p.name for p in tmp_path.glob(".runs.*.tmp")], "the dead process left no temporary file: not killed mid-append"
+    append_row(table, {"model": "m", "hardware": "h2"}, keys)
+    assert len(pd.read_parquet(twin)) == len(pd.read_csv(table)) == len(csv) + 1
+    assert not list(tmp_path.glob(".runs.*.tmp")), "the dead process's temporary files stayed"
