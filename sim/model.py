@@ -58,6 +58,14 @@ QKV_BIAS_ONLY = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM"
 # Architectures vLLM does not serve in fp16 (numerical instability): fp32 on a GPU without bf16.
 FP16_UNSTABLE = ("Gemma2ForCausalLM", *GEMMA3_ARCHS)
 SUPPORTED_ARCHS = DENSE_ARCHS + MOE_ARCHS
+# Vision-language checkpoints whose language model is a supported architecture, read from their text_config (or
+# the top level, where older configs keep it): a text request runs the language model alone, so these are that
+# model plus the vision tower's weights (vision_params), as vLLM serves them without images.
+VISION_LANGUAGE = {"Qwen2VLForConditionalGeneration": "Qwen2ForCausalLM",
+                   "Qwen2_5_VLForConditionalGeneration": "Qwen2ForCausalLM",
+                   "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM",
+                   "Qwen3VLMoeForConditionalGeneration": "Qwen3MoeForCausalLM",
+                   "Mistral3ForConditionalGeneration": "MistralForCausalLM"}
 WEIGHT_DTYPES = tuple(FORMATS)
 KV_DTYPES = ("bf16", "fp16", "fp8")
 SLIDING_LAYERS = ("none", "all", "even")  # even: layers 0, 2, 4, ... (Gemma-2's and gpt-oss's interleaving)
@@ -597,13 +605,18 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
     if isinstance(archs, str) or not isinstance(archs, (list, tuple)):
         raise KernelsightError(f"{source}: field 'architectures' = {archs!r}: must be a list of class names")
     arch = archs[0] if archs else None
-    if not isinstance(arch, str) or arch not in SUPPORTED_ARCHS:
+    accepted = (*SUPPORTED_ARCHS, *VISION_LANGUAGE)
+    if not isinstance(arch, str) or arch not in accepted:
         raise KernelsightError(f"{source}: architecture {arch!r} is not supported"
-                               f"{did_you_mean(str(arch), SUPPORTED_ARCHS)}; supported: {', '.join(SUPPORTED_ARCHS)}")
+                               f"{did_you_mean(str(arch), accepted)}; supported: {', '.join(accepted)}")
     if arch in GEMMA3_ARCHS:
         config = _with_gemma3_defaults(config, arch, source)
     top = HfReader(config, source)
     get = top
+    wrapper = arch if arch in VISION_LANGUAGE else None
+    if wrapper:
+        arch = VISION_LANGUAGE[wrapper]
+        get = top.section("text_config") or top
     if arch in ("Llama4ForConditionalGeneration", "Gemma3ForConditionalGeneration"):
         # the language model's fields; dtype and quantization stay on top
         get = top.section("text_config")
@@ -671,7 +684,8 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
         vocab=get("vocab_size", "pos"),
         max_position=max_position,
         derived_max_model_len=None if derived == max_position else derived,
-        tied_embeddings=get("tie_word_embeddings", "bool", default=arch == "Gemma2ForCausalLM"),
+        tied_embeddings=get("tie_word_embeddings", "bool", default=top("tie_word_embeddings", "bool", default=False)
+                            if wrapper else arch == "Gemma2ForCausalLM"),
         norm="rms",
         activation=_HF_ACTIVATIONS[act_name],
         qk_norm=qk_norm,
@@ -685,7 +699,7 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
         attention_chunk=chunk,
         nope_every=nope_every,
         full_every=full_every,
-        vision_params=_hf_vision_params(top, hidden) if arch == "Gemma3ForConditionalGeneration" else 0,
+        vision_params=_hf_vision_params(top, hidden, wrapper or arch),
         mla=mla,
         moe=moe,
         weight_dtype=base_dtype,
@@ -726,19 +740,52 @@ def _with_gemma3_defaults(config: Mapping, arch: str, source: str) -> dict:
     return {**config, "text_config": {**_GEMMA3_TEXT_DEFAULTS, **{k: v for k, v in text.items() if v is not None}}}
 
 
-def _hf_vision_params(top: HfReader, text_hidden: int) -> int:
-    """Parameters of Gemma-3's SigLIP vision tower and its projector into the language model, from vision_config
-    (transformers' SiglipVisionConfig defaults where a field is absent): per layer the attention's four
-    projections and the MLP's two (biases and norms left out), the patch and position embeddings, the
-    projection to text_hidden."""
+def _hf_vision_params(top: HfReader, text_hidden: int, arch: str) -> int:
+    """Parameters of a vision-language checkpoint's vision tower and its projector into the language model (0
+    for a text model), from vision_config with transformers' defaults where a field is absent: per layer the
+    attention's four projections and the MLP (two matrices, three where gated), the patch (and position)
+    embeddings, the merger or projector into text_hidden; biases and norms left out. The towers: Gemma-3's
+    SigLIP, Qwen2-VL's and Qwen2.5-VL's ViT (gated MLP in 2.5) with their 2x2 patch merger, Qwen3-VL's ViT with
+    position embeddings and one merger per deepstack layer plus the last, Mistral-3's Pixtral with its patch
+    merger and two-layer projector."""
     vision = top.section("vision_config")
-    if vision is None:
+    if vision is None or arch not in (*VISION_LANGUAGE, "Gemma3ForConditionalGeneration"):
         return 0
-    h, inner = vision("hidden_size", "pos", default=768), vision("intermediate_size", "pos", default=3072)
-    layers, patch = vision("num_hidden_layers", "pos", default=12), vision("patch_size", "pos", default=16)
-    image, channels = vision("image_size", "pos", default=224), vision("num_channels", "pos", default=3)
-    return layers * (4 * h * h + 2 * h * inner) + channels * patch * patch * h + (image // patch) ** 2 * h \
-        + h * text_hidden
+    if arch == "Gemma3ForConditionalGeneration":
+        h, inner = vision("hidden_size", "pos", default=768), vision("intermediate_size", "pos", default=3072)
+        layers, patch = vision("num_hidden_layers", "pos", default=12), vision("patch_size", "pos", default=16)
+        image, channels = vision("image_size", "pos", default=224), vision("num_channels", "pos", default=3)
+        return layers * (4 * h * h + 2 * h * inner) + channels * patch * patch * h + (image // patch) ** 2 * h \
+            + h * text_hidden
+    if arch == "Mistral3ForConditionalGeneration":  # Pixtral
+        h, inner = vision("hidden_size", "pos", default=1024), vision("intermediate_size", "pos", default=4096)
+        layers, patch = vision("num_hidden_layers", "pos", default=24), vision("patch_size", "pos", default=14)
+        channels, merge = vision("num_channels", "pos", default=3), top("spatial_merge_size", "pos", default=2)
+        return layers * (4 * h * h + 3 * h * inner) + channels * patch * patch * h + merge * merge * h * h \
+            + h * text_hidden + text_hidden * text_hidden
+    channels = vision("in_channels", "pos", default=vision("in_chans", "pos", default=3))
+    patch, frames = vision("patch_size", "pos", default=14), vision("temporal_patch_size", "pos", default=2)
+    merge, layers = vision("spatial_merge_size", "pos", default=2), vision("depth", "pos", default=32)
+    if arch == "Qwen2VLForConditionalGeneration":  # width embed_dim, plain MLP of mlp_ratio x width
+        h = vision("embed_dim", "pos", default=1280)
+        mlp, out, mergers = 2 * h * h * vision("mlp_ratio", "pos", default=4), text_hidden, 1
+        positions = 0
+    elif arch == "Qwen2_5_VLForConditionalGeneration":
+        h = vision("hidden_size", "pos", default=1280)
+        mlp = 3 * h * vision("intermediate_size", "pos", default=3420)
+        out, mergers, positions = vision("out_hidden_size", "pos", default=text_hidden), 1, 0
+    else:  # Qwen3-VL
+        h = vision("hidden_size", "pos", default=1152)
+        mlp = 2 * h * vision("intermediate_size", "pos", default=4304)
+        positions = vision("num_position_embeddings", "pos", default=2304) * h
+        out = vision("out_hidden_size", "pos", default=text_hidden)
+        deepstack = vision.raw("deepstack_visual_indexes")
+        if deepstack is not None and (isinstance(deepstack, str) or not isinstance(deepstack, (list, tuple))):
+            vision.fail("deepstack_visual_indexes", "must be a list of layer indexes")
+        mergers = 1 + len(deepstack if deepstack is not None else (8, 16, 24))
+    wide = merge * merge * h  # a merger's input: merge x merge patches
+    return layers * (4 * h * h + mlp) + channels * frames * patch * patch * h + positions \
+        + mergers * (wide * wide + wide * out)
 
 
 def _hf_torch_dtype(get: HfReader) -> str:
@@ -758,19 +805,26 @@ def _hf_derived_max_len(get: HfReader, max_position: int) -> int:
     """vLLM's derived max_model_len (ModelConfig._get_and_verify_max_len), for the architectures supported
     here: max_position_embeddings, times rope_scaling.factor for the rope types vLLM stretches (all but
     llama3 / longrope / su, whose max_position_embeddings is already the long context); yarn scales
-    original_max_position_embeddings instead. The other length keys vLLM also considers (n_positions,
+    original_max_position_embeddings instead. Configs saved by transformers 5 name the section
+    rope_parameters, possibly one per attention type (full_attention, sliding_attention), read the same way. The other length keys vLLM also considers (n_positions,
     seq_length, model_max_length, ...) are not used by these architectures."""
-    rope = get.section("rope_scaling")
+    name = "rope_parameters" if get.raw("rope_parameters") is not None else "rope_scaling"
+    rope = get.section(name)
     if rope is None:
         return max_position
-    key = "type" if rope.raw("rope_type") is None and rope.raw("type") is not None else "rope_type"
-    rope_type = rope(key, "str")
-    if rope_type in _ROPE_UNSCALED:
-        return max_position
-    factor = rope("factor", "positive", default=1.0)
-    base = max_position
-    if rope_type == "yarn":
-        base = rope("original_max_position_embeddings", "pos")
+    if rope.config and set(rope.config) <= set(_LAYER_TYPES):  # transformers 5: parameters per attention type
+        sections = [rope.section(kind) for kind in rope.config]
+    else:
+        sections = [rope]
+    base, factor = max_position, 1.0
+    for rope in filter(None, sections):
+        key = "type" if rope.raw("rope_type") is None and rope.raw("type") is not None else "rope_type"
+        rope_type = rope(key, "str", default="default")
+        if rope_type in _ROPE_UNSCALED:
+            continue
+        factor = rope("factor", "positive", default=factor)
+        if rope_type == "yarn":
+            base = rope("original_max_position_embeddings", "pos")
     return int(base * factor)
 
 
@@ -873,7 +927,10 @@ def _hf_moe(get: HfReader, arch: str, layers: int) -> tuple[MoeConfig | None, in
         if get.raw("mlp_only_layers"):
             get.fail("mlp_only_layers", "dense layers at listed positions are not modelled (decoder_sparse_step "
                                         "is: every n-th layer a MoE layer)")
-        experts_key, width_key = "num_experts", "moe_intermediate_size"
+        # configs saved by transformers 5 (Qwen3-VL-MoE's text_config) may name the count num_local_experts
+        experts_key = "num_local_experts" if get.raw("num_experts") is None and \
+            get.raw("num_local_experts") is not None else "num_experts"
+        width_key = "moe_intermediate_size"
         moe["every"] = get("decoder_sparse_step", "pos", default=1)
         if moe["every"] > 1:
             intermediate = get("intermediate_size", "pos")

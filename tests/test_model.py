@@ -392,6 +392,19 @@ def test_rope_scaling_sets_the_context_limit_as_vllm_derives_it():
         from_hf({**LLAMA_8B_HF, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "x", "mem")
 
 
+def test_transformers_5_rope_parameters_set_the_context_limit_as_rope_scaling_does():
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "rope_theta": 1e6}
+    qwen = from_hf({**LLAMA_8B_HF, "max_position_embeddings": 40960, "rope_parameters": yarn}, "x", "mem")
+    assert qwen.context_limit == 131072
+    per_type = {"full_attention": yarn, "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    assert from_hf({**LLAMA_8B_HF, "max_position_embeddings": 40960, "rope_parameters": per_type},
+                   "x", "mem").context_limit == 131072
+    plain = from_hf({**LLAMA_8B_HF, "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}}, "x", "mem")
+    assert plain.context_limit == 131072 and plain.derived_max_model_len is None
+    with pytest.raises(KernelsightError, match=r"mem: field 'rope_parameters.full_attention.factor' = 0: must be > 0"):
+        from_hf({**LLAMA_8B_HF, "rope_parameters": {"full_attention": {**yarn, "factor": 0}}}, "x", "mem")
+
+
 def test_max_model_len_follows_vllms_rule():
     import warnings
 
@@ -783,3 +796,79 @@ def test_served_on_a_gpu_without_bf16_runs_fp16_as_vllm_does():
     assert from_hf(_card("gemma-3-1b"), "g1", "g1/config.json").served_on(v100).act_dtype == "fp32"
     with pytest.raises(KernelsightError, match="has no bf16 peak"):   # the plain dtype is never swapped silently
         v100.peak_flops("bf16")
+
+
+# Vision-language checkpoints: the fields of their published config.json that the reader uses, and the model
+# cards' parameter counts (the Hub's safetensors totals, vision tower included).
+_QWEN3_VL_VISION = {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16, "in_channels": 3,
+                    "patch_size": 16, "spatial_merge_size": 2, "temporal_patch_size": 2,
+                    "num_position_embeddings": 2304, "deepstack_visual_indexes": [8, 16, 24]}
+VISION_LANGUAGE_CARDS = {
+    "Qwen/Qwen2.5-VL-7B-Instruct": ({
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"], "hidden_size": 3584, "intermediate_size": 18944,
+        "max_position_embeddings": 128000, "num_attention_heads": 28, "num_hidden_layers": 28,
+        "num_key_value_heads": 4, "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "vocab_size": 152064, "use_sliding_window": False, "sliding_window": 32768,
+        "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+        "vision_config": {"depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420,
+                          "num_heads": 16, "in_chans": 3, "out_hidden_size": 3584, "patch_size": 14,
+                          "spatial_merge_size": 2, "temporal_patch_size": 2}}, 8.29e9, 0.676e9, None),
+    "Qwen/Qwen3-VL-8B-Instruct": ({
+        "architectures": ["Qwen3VLForConditionalGeneration"], "tie_word_embeddings": False,
+        "text_config": {"hidden_size": 4096, "intermediate_size": 12288, "max_position_embeddings": 262144,
+                        "num_attention_heads": 32, "num_hidden_layers": 36, "num_key_value_heads": 8, "head_dim": 128,
+                        "hidden_act": "silu", "dtype": "bfloat16", "vocab_size": 151936,
+                        "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20],
+                                         "mrope_interleaved": True}},
+        "vision_config": {**_QWEN3_VL_VISION, "out_hidden_size": 4096}}, 8.77e9, 0.576e9, None),
+    "Qwen/Qwen3-VL-30B-A3B-Instruct": ({
+        "architectures": ["Qwen3VLMoeForConditionalGeneration"], "tie_word_embeddings": False,
+        "text_config": {"hidden_size": 2048, "intermediate_size": 6144, "max_position_embeddings": 262144,
+                        "num_attention_heads": 32, "num_hidden_layers": 48, "num_key_value_heads": 4, "head_dim": 128,
+                        "hidden_act": "silu", "dtype": "bfloat16", "vocab_size": 151936, "num_experts": 128,
+                        "num_experts_per_tok": 8, "moe_intermediate_size": 768, "decoder_sparse_step": 1,
+                        "mlp_only_layers": []},
+        "vision_config": {**_QWEN3_VL_VISION, "out_hidden_size": 2048}}, 31.1e9, 0.538e9, 3.3e9),
+    "mistralai/Mistral-Small-3.1-24B-Instruct-2503": ({
+        "architectures": ["Mistral3ForConditionalGeneration"], "spatial_merge_size": 2, "torch_dtype": "bfloat16",
+        "text_config": {"hidden_size": 5120, "intermediate_size": 32768, "max_position_embeddings": 131072,
+                        "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "head_dim": 128,
+                        "hidden_act": "silu", "vocab_size": 131072, "tie_word_embeddings": False,
+                        "model_type": "mistral"},
+        "vision_config": {"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 24,
+                          "num_attention_heads": 16, "head_dim": 64, "patch_size": 14, "image_size": 1540,
+                          "num_channels": 3, "model_type": "pixtral"}}, 24.0e9, 0.439e9, None),
+}
+
+
+@pytest.mark.parametrize("repo", sorted(VISION_LANGUAGE_CARDS))
+def test_vision_language_checkpoints_serve_their_language_model_plus_the_towers_weights(repo):
+    """A text request runs the language model alone: the same ModelConfig as its text config read on its own,
+    plus the vision tower's weights (memory), whose count makes the card's total."""
+    from kernelsight.sim.model import VISION_LANGUAGE
+
+    config, total, vision, active = VISION_LANGUAGE_CARDS[repo]
+    model = from_hf(config, repo.replace("/", "--"), f"{repo}/config.json")
+    arch = VISION_LANGUAGE[config["architectures"][0]]
+    text = config.get("text_config") or {k: v for k, v in config.items() if k != "vision_config"}
+    alone = from_hf({"tie_word_embeddings": config.get("tie_word_embeddings", False), "torch_dtype": "bfloat16",
+                     **text, "architectures": [arch]}, repo.replace("/", "--"), f"{repo}/config.json")
+    assert model.architecture == arch and model == replace(alone, vision_params=model.vision_params)
+    assert model.vision_params == pytest.approx(vision, rel=0.02)
+    assert model.num_params() == pytest.approx(total, rel=0.01)
+    if active:
+        assert model.active_params() - model.param_counts()["vision"] == pytest.approx(active, rel=0.05)
+
+
+def test_vision_language_problems_are_one_line_naming_file_and_field():
+    config = VISION_LANGUAGE_CARDS["Qwen/Qwen3-VL-8B-Instruct"][0]
+    bad = {**config, "vision_config": {**config["vision_config"], "depth": "27"}}
+    with pytest.raises(KernelsightError, match=r"^vl/config.json: field 'vision_config.depth' = '27': must be an "
+                                               r"integer$"):
+        from_hf(bad, "vl", "vl/config.json")
+    bad = {**config, "vision_config": {**config["vision_config"], "deepstack_visual_indexes": 8}}
+    with pytest.raises(KernelsightError, match=r"field 'vision_config.deepstack_visual_indexes' = 8: must be a list"):
+        from_hf(bad, "vl", "vl/config.json")
+    with pytest.raises(KernelsightError, match=r"architecture 'Qwen3VLForCausalLM' is not supported .*; supported: .*"
+                                               r"Qwen3VLForConditionalGeneration"):
+        from_hf({**config, "architectures": ["Qwen3VLForCausalLM"]}, "vl", "vl/config.json")
