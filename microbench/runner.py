@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 
 from kernelsight.predictor.errors import KernelsightError
+from kernelsight.predictor.outputs import interrupts_latched
 from kernelsight.predictor.families import Shape, get_family
 from kernelsight.predictor.roofline import roofline_shape
 from kernelsight.predictor.sweep import read_sweep, sweep_files, with_cost, write_sweep
@@ -178,7 +179,14 @@ def failed_row(item: WorkItem, ctx: Context, error: str) -> dict:
 
 def run_items(items: list[WorkItem], ctx: Context, writer: ShardWriter,
               progress: Callable[[WorkItem], None] = lambda item: None) -> dict:
-    """Measure every item, writing each row as it is made. Returns counts per status."""
+    """Measure every item, writing each row as it is made. Returns counts per status. Ctrl-C stops it, also
+    when a library swallowed the KeyboardInterrupt (outputs.interrupts_latched): the item in flight is not
+    written."""
+    with interrupts_latched() as check_interrupt:
+        return _run_items(items, ctx, writer, progress, check_interrupt)
+
+
+def _run_items(items, ctx, writer, progress, check_interrupt) -> dict:
     counts = {"ok": 0, "failed": 0, "mismatch": 0}
     clock_range: list[int] = []
     for item in items:
@@ -189,12 +197,14 @@ def run_items(items: list[WorkItem], ctx: Context, writer: ShardWriter,
             row = failed_row(item, ctx, f"out of memory: {_first_line(e)}")
             torch.cuda.empty_cache()
         except Exception as e:  # noqa: BLE001 - any kernel error becomes a failed row; the sweep goes on
+            check_interrupt()
             row = failed_row(item, ctx, _first_line(e))
             if ctx.device.type == "cuda" and any(s in str(e) for s in STICKY_CUDA_ERRORS):
                 writer.add(row)
                 raise KernelsightError(
                     f"{item.provider.name} on {item.shape} broke the CUDA context ({row['error']}); the failed "
                     f"row is saved: restart with resume=true to skip it and go on") from None
+        check_interrupt()  # a Ctrl-C a library swallowed during this item: stop; resume measures it again
         clock_range += row.pop("_clocks", {}).get("sm_clock_mhz", [])
         extra = {"sm_clock_mhz_range": [min(clock_range), max(clock_range)]} if clock_range else None
         writer.add(row, extra)

@@ -21,7 +21,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from kernelsight.predictor.errors import KernelsightError
 
@@ -254,6 +254,34 @@ def _interrupts_deferred() -> Iterator[None]:
             previous(signal.SIGINT, None)
         elif previous == signal.SIG_DFL:
             raise KeyboardInterrupt
+
+
+@contextmanager
+def interrupts_latched() -> Iterator[Callable[[], None]]:
+    """Yield a check that raises KeyboardInterrupt when Ctrl-C came since the block began, even where the
+    KeyboardInterrupt raised for it was swallowed: torch.compile has bare `except:` clauses (Dynamo's guard
+    building), so a Ctrl-C during a compile can vanish and a sweep would run on to the end. The handler
+    raises as Python's own does; the check is for the caller's safe points. Outside the main thread, or where
+    SIGINT is not Python's handler (ignored, default), the check never raises."""
+    caught = []
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+
+    def handler(signum, frame):
+        caught.append(signum)
+        previous(signum, frame)
+
+    def check() -> None:
+        if caught:
+            raise KeyboardInterrupt
+
+    if not callable(previous):
+        yield lambda: None
+        return
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield check
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _remove_dead_temps(path: Path) -> None:

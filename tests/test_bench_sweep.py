@@ -241,6 +241,38 @@ def test_ctrl_c_says_in_one_line_how_to_continue_with_every_override(kernelsight
     assert "already in the sweep are skipped" in capsys.readouterr().out
 
 
+def test_a_ctrl_c_that_a_library_swallows_still_stops_the_sweep(kernelsight, monkeypatch, tmp_path, capsys):
+    """torch.compile has bare `except:` clauses: a Ctrl-C landing there raises a KeyboardInterrupt nobody sees.
+    The sweep still stops after that item, without writing its row, and exits 130; a resume measures it."""
+    from kernelsight.microbench import runner
+
+    real, calls = runner.measure, []
+
+    def swallowing(item, ctx):
+        calls.append(item)
+        if len(calls) == 3:
+            try:  # as a bare except: inside a library would
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(1.0)
+            except:  # noqa: E722
+                pass
+        return real(item, ctx)
+
+    monkeypatch.setattr(runner, "measure", swallowing)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # even where the test runner ignores it
+    try:
+        with pytest.raises(SystemExit) as e:
+            kernelsight(["bench", *CPU, f"out={tmp_path}", "sweep_id=c", NO_COLLECTIVES, "providers=[torch]"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert e.value.code == 130 and "interrupted: every finished measurement is saved" in capsys.readouterr().err
+    sweep = tmp_path / "cpu" / "c"
+    assert len(read_sweep(sweep)) == 2, "the item the interrupt came in was written"
+    monkeypatch.setattr(runner, "measure", real)
+    kernelsight(["bench", *CPU, f"out={tmp_path}", f"resume={sweep}", NO_COLLECTIVES, "providers=[torch]"])
+    assert len(read_sweep(sweep)) > 3
+
+
 @pytest.mark.parametrize("override,message", [
     (["+sweep.families.gemmm.grid.m=1"], "unknown kernel family 'gemmm' (did you mean 'gemm'?)"),
     (["providers=[torch,tritn]"], "unknown provider 'tritn' for any family (did you mean 'triton'?)"),
