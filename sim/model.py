@@ -51,7 +51,7 @@ _GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediat
                          "tie_word_embeddings": True, "sliding_window": 4096, "sliding_window_pattern": 6}
 MOE_ARCHS = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "MiniMaxM2ForCausalLM",
              "GptOssForCausalLM", "Glm4MoeForCausalLM", "Llama4ForConditionalGeneration", "DeepseekV3ForCausalLM",
-             "DeepseekV2ForCausalLM")
+             "DeepseekV2ForCausalLM", "Ernie4_5_MoeForCausalLM")
 MLA_ARCHS = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
 # Architectures whose attention bias is on q, k and v only (o_proj has none): vLLM's Qwen2, Qwen2-MoE, GLM-4.5.
 QKV_BIAS_ONLY = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM")
@@ -689,8 +689,8 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
         norm="rms",
         activation=_HF_ACTIVATIONS[act_name],
         qk_norm=qk_norm,
-        attention_bias=arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM") or get("attention_bias", "bool",
-                                                                                  default=False),
+        attention_bias=arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM") or get(
+            "use_bias" if arch == "Ernie4_5_MoeForCausalLM" else "attention_bias", "bool", default=False),
         attention_sinks=arch == "GptOssForCausalLM",
         sandwich_norms=arch in ("Gemma2ForCausalLM", *GEMMA3_ARCHS),
         logit_softcap=get("final_logit_softcapping", "number", default=0.0),
@@ -918,7 +918,20 @@ def _hf_moe(get: HfReader, arch: str, layers: int) -> tuple[MoeConfig | None, in
         return None, get("intermediate_size", "pos")
     intermediate = 0
     moe: dict[str, Any] = {}
-    if arch in ("MixtralForCausalLM", "MiniMaxM2ForCausalLM", "GptOssForCausalLM"):
+    top_key = "num_experts_per_tok"
+    if arch == "Ernie4_5_MoeForCausalLM":  # vLLM's Ernie4_5_MoeMoE: softmax top-k, shared experts in one MLP
+        experts_key, width_key, top_key = "moe_num_experts", "moe_intermediate_size", "moe_k"
+        moe["shared_intermediate"] = get("moe_num_shared_experts", "nonneg", default=0) * get(width_key, "pos")
+        moe["first_dense"] = get("moe_layer_start_index", "nonneg", default=0)
+        moe["every"] = get("moe_layer_interval", "pos", default=1)
+        if get("moe_layer_end_index", "nonneg", default=layers - 1) < layers - 1:
+            get.fail("moe_layer_end_index", f"dense layers after the MoE layers are not modelled (the MoE layers run "
+                                            f"to the last, {layers - 1})")
+        if moe["first_dense"] > layers:
+            get.fail("moe_layer_start_index", f"exceeds num_hidden_layers = {layers}")
+        if moe["first_dense"] or moe["every"] > 1:
+            intermediate = get("intermediate_size", "pos")
+    elif arch in ("MixtralForCausalLM", "MiniMaxM2ForCausalLM", "GptOssForCausalLM"):
         experts_key, width_key = "num_local_experts", "intermediate_size"
         if arch == "MiniMaxM2ForCausalLM":
             moe["scoring"] = get("scoring_func", "str", default="softmax")
@@ -957,9 +970,9 @@ def _hf_moe(get: HfReader, arch: str, layers: int) -> tuple[MoeConfig | None, in
             get.fail("first_k_dense_replace", f"exceeds num_hidden_layers = {layers}")
         if moe["first_dense"]:
             intermediate = get("intermediate_size", "pos")
-    experts, top_k = get(experts_key, "pos"), get("num_experts_per_tok", "pos")
+    experts, top_k = get(experts_key, "pos"), get(top_key, "pos")
     if top_k > experts:
-        get.fail("num_experts_per_tok", f"exceeds {experts_key} = {experts}")
+        get.fail(top_key, f"exceeds {experts_key} = {experts}")
     if moe.get("scoring", "softmax") not in SCORINGS:
         get.fail("scoring_func", f"must be one of {', '.join(SCORINGS)}")
     return MoeConfig(experts=experts, top_k=top_k, intermediate=get(width_key, "pos"), **moe), intermediate

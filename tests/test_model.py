@@ -872,3 +872,29 @@ def test_vision_language_problems_are_one_line_naming_file_and_field():
     with pytest.raises(KernelsightError, match=r"architecture 'Qwen3VLForCausalLM' is not supported .*; supported: .*"
                                                r"Qwen3VLForConditionalGeneration"):
         from_hf({**config, "architectures": ["Qwen3VLForCausalLM"]}, "vl", "vl/config.json")
+
+
+ERNIE_21B = {  # baidu/ERNIE-4.5-21B-A3B-PT config.json: the fields the reader uses
+    "architectures": ["Ernie4_5_MoeForCausalLM"], "hidden_size": 2560, "intermediate_size": 12288,
+    "num_hidden_layers": 28, "num_attention_heads": 20, "num_key_value_heads": 4, "hidden_act": "silu",
+    "max_position_embeddings": 131072, "vocab_size": 103424, "tie_word_embeddings": True, "use_bias": False,
+    "torch_dtype": "bfloat16", "rope_theta": 500000, "moe_num_experts": 64, "moe_k": 6, "moe_intermediate_size": 1536,
+    "moe_num_shared_experts": 2, "moe_layer_start_index": 1, "moe_layer_end_index": 27, "moe_layer_interval": 1,
+}
+
+
+def test_ernie_moe_from_its_config_json():
+    """ERNIE-4.5-21B-A3B: a dense first layer, then MoE layers of 64 experts (top 6) and two shared experts; the
+    card's 21.8 B parameters (the Hub's count), about 3 B active."""
+    model = from_hf(ERNIE_21B, "baidu--ERNIE-4.5-21B-A3B-PT", "ernie/config.json")
+    assert (model.moe.experts, model.moe.top_k, model.moe.shared_intermediate, model.moe.first_dense) == (64, 6, 3072, 1)
+    assert [p.moe for p in model.layer_plan()] == [False] + [True] * 27 and model.intermediate == 12288
+    assert model.num_params() == pytest.approx(21.8e9, rel=0.01)
+    assert model.active_params() == pytest.approx(3e9, rel=0.15)   # the card rounds it to 3 B
+    with pytest.raises(KernelsightError, match=r"^ernie/config.json: field 'moe_layer_end_index' = 20: dense layers "
+                                               r"after the MoE layers are not modelled"):
+        from_hf({**ERNIE_21B, "moe_layer_end_index": 20}, "e", "ernie/config.json")
+    with pytest.raises(KernelsightError, match=r"field 'moe_num_experts' = \[64, 64\]: must be an integer"):
+        from_hf({**ERNIE_21B, "moe_num_experts": [64, 64]}, "e", "ernie/config.json")
+    with pytest.raises(KernelsightError, match=r"field 'moe_k' = 65: exceeds moe_num_experts = 64"):
+        from_hf({**ERNIE_21B, "moe_k": 65}, "e", "ernie/config.json")
