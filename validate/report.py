@@ -27,7 +27,8 @@ TARGETS = {"vllm_dev": {"target": {"tpot": 6.0, "ttft": 12.0, "throughput": 3.0}
                         "cross": {"tpot": 12.0, "ttft": 15.0, "throughput": 5.0}},
            "vllm_moe_dev": {"target": {"tpot": 8.0, "ttft": 15.0, "throughput": 8.0}}}
 TIER_TITLES = {"target": "target (η with the GPU's own kernel data)",
-               "cross": "cross-device (η without any measurement of the row's GPU)"}
+               "cross": "cross-device (η without any measurement of the row's GPU)",
+               "cross_no_sibling": "cross-device, no die sibling (η without the row's GPU or any GPU of its die)"}
 README_START, README_END = "<!-- accuracy:start -->", "<!-- accuracy:end -->"
 
 
