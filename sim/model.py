@@ -652,7 +652,9 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
     rotary_dim = None
     if arch == "Glm4MoeForCausalLM":  # vLLM: per-head q/k RMSNorm when use_qk_norm; RoPE on a share of head_dim
         qk_norm = "head" if get("use_qk_norm", "bool", default=False) else "none"
-        factor = get("partial_rotary_factor", "positive", default=0.5)
+    if arch in ("Glm4MoeForCausalLM", "LlamaForCausalLM", "Phi3ForCausalLM"):
+        # vLLM's Llama attention (Phi-3's too) rotates partial_rotary_factor of each head (Phi-4-mini: 0.75)
+        factor = get("partial_rotary_factor", "positive", default=0.5 if arch == "Glm4MoeForCausalLM" else 1.0)
         rotary_dim = int(head_dim * factor)
         if factor > 1 or rotary_dim < 2 or rotary_dim % 2:
             get.fail("partial_rotary_factor", f"{factor} x head_dim {head_dim} must give an even number of dims "

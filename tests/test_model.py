@@ -898,3 +898,21 @@ def test_ernie_moe_from_its_config_json():
         from_hf({**ERNIE_21B, "moe_num_experts": [64, 64]}, "e", "ernie/config.json")
     with pytest.raises(KernelsightError, match=r"field 'moe_k' = 65: exceeds moe_num_experts = 64"):
         from_hf({**ERNIE_21B, "moe_k": 65}, "e", "ernie/config.json")
+
+
+PHI4_MINI = {  # microsoft/Phi-4-mini-instruct config.json: the fields the reader uses
+    "architectures": ["Phi3ForCausalLM"], "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+    "num_attention_heads": 24, "num_key_value_heads": 8, "hidden_act": "silu", "max_position_embeddings": 131072,
+    "original_max_position_embeddings": 4096, "partial_rotary_factor": 0.75, "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16", "vocab_size": 200064,
+    "rope_scaling": {"type": "longrope", "long_factor": [1.0] * 48, "short_factor": [1.0] * 48},
+}
+
+
+def test_partial_rotary_factor_sets_the_rotated_dims_as_vllms_llama_attention():
+    model = from_hf(PHI4_MINI, "microsoft--Phi-4-mini-instruct", "phi/config.json")
+    assert (model.head_dim, model.rotary_dim, model.context_limit) == (128, 96, 131072)
+    assert model.num_params() == pytest.approx(3.84e9, rel=0.01)   # the card's 3.8 B (the Hub: 3.84 B)
+    assert from_hf({**PHI4_MINI, "partial_rotary_factor": 1.0}, "p", "phi/config.json").rotary_dim is None
+    with pytest.raises(KernelsightError, match=r"field 'partial_rotary_factor' = 0.01: 0.01 x head_dim 128 must give"):
+        from_hf({**PHI4_MINI, "partial_rotary_factor": 0.01}, "p", "phi/config.json")
