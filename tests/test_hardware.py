@@ -82,9 +82,9 @@ def test_every_file_loads(path):
     assert load_hardware(hw.key) == hw
 
 
-def test_catalog_has_33_entries():
+def test_catalog_has_38_entries():
     keys = list_hardware()
-    assert len(keys) == 33 == len(_files())
+    assert len(keys) == 38 == len(_files())
     assert keys == sorted(keys) == sorted(load_catalog())
 
 
@@ -204,7 +204,7 @@ def test_did_you_mean_on_typo():
 
 @pytest.mark.parametrize("name, message", [
     # the start of a few entries' names or aliases: all of them, each once (H100 has several aliases)
-    ("NVIDIA H100", "unknown GPU 'NVIDIA H100': did you mean 'h100_pcie' or 'h100_sxm'?"),
+    ("NVIDIA H100", "unknown GPU 'NVIDIA H100': did you mean 'h100_nvl', 'h100_pcie' or 'h100_sxm'?"),
     ("NVIDIA A100", "unknown GPU 'NVIDIA A100': did you mean 'a100_pcie', 'a100_pcie_40g', 'a100_sxm' or "
                     "'a100_sxm_40g'?"),
     # the start of too many to guess: the known keys instead of a wrong guess
@@ -351,3 +351,24 @@ def test_a_dtype_without_a_peak_is_refused_in_one_line(capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "mi355x" in err and "tf32" in err
+
+
+# Added with a die sibling in the calibration data (priced from the sibling's own models) or without (the
+# cross-device models): NVML / marketing name -> (key, the model that prices a bf16 GEMM).
+MORE_GPUS = {"NVIDIA H100 NVL": ("h100_nvl", "target/h100_sxm/gemm (die sibling)"),
+             "NVIDIA H800 80GB HBM3": ("h800_sxm", "target/h100_sxm/gemm (die sibling)"),
+             "NVIDIA A800-SXM4-80GB": ("a800_sxm", "target/a100_sxm/gemm (die sibling)"),
+             "NVIDIA L40": ("l40", "target/l40s/gemm (die sibling)"),
+             "NVIDIA GeForce RTX 5090": ("rtx_5090", "cross/gemm")}
+
+
+@pytest.mark.parametrize("name", sorted(MORE_GPUS))
+def test_more_gpus_resolve_by_their_device_names_and_price_from_a_die_sibling_where_one_is_measured(name, capsys):
+    from kernelsight.cli import main
+
+    key, model = MORE_GPUS[name]
+    hw = load_hardware(name)
+    assert hw.key == key and hw.sources.strip()
+    main(["predict", f"hardware={key}", "kernel.family=gemm", "kernel.m=64", "kernel.n=4096", "kernel.k=4096",
+          "kernel.dtype=bf16"])
+    assert f"[tier cross, model {model}]" in capsys.readouterr().out

@@ -27,10 +27,12 @@ def _target_model(device: str):
 
 def test_siblings_share_architecture_and_sm_count_nearest_first():
     every = list_hardware()
-    assert die_siblings("h100_sxm", every) == ["gh200", "h200_sxm"]  # 4.0 TB/s is nearer 3.35 than 4.8
+    # nearest memory bandwidth first: 3.35 (H800), 3.9 (H100 NVL), 4.0 (GH200), 4.8 TB/s (H200)
+    assert die_siblings("h100_sxm", every) == ["h800_sxm", "h100_nvl", "gh200", "h200_sxm"]
     assert die_siblings("gb200", every) == ["b200_sxm"]  # 152 vs 148 SMs: within 5 %
     assert die_siblings("a100_sxm", ["a100_sxm", "a100_pcie", "h100_sxm"]) == ["a100_pcie"]
-    assert die_siblings("l40s", every) == ["rtx_6000_ada"]  # same AD102 cut (142 SMs); L4 has a quarter of them
+    # same AD102 cut (142 SMs), the L40 at the L40S's bandwidth first; the L4 has a quarter of the SMs
+    assert die_siblings("l40s", every) == ["l40", "rtx_6000_ada"]
     assert die_siblings("rtx_6000_ada", ["l40s", "l4"]) == ["l40s"]
     assert die_siblings("h100_pcie", every) == []  # 114 SMs: a different cut of the die
 

@@ -91,6 +91,11 @@ ALIASES: dict[str, list[str]] = {
     "h20": ["NVIDIA H20"],
     "mi325x": ["AMD Instinct MI325X"],
     "mi355x": ["AMD Instinct MI355X"],
+    "h100_nvl": ["NVIDIA H100 NVL", "NVIDIA H100 NVL 94GB"],
+    "h800_sxm": ["NVIDIA H800", "NVIDIA H800 80GB HBM3", "NVIDIA H800 SXM5 80GB", "h800"],
+    "a800_sxm": ["NVIDIA A800-SXM4-80GB", "a800"],
+    "l40": ["NVIDIA L40"],
+    "rtx_5090": ["NVIDIA GeForce RTX 5090", "GeForce RTX 5090"],
 }
 
 # Short provenance per row; gpu_specs_SOURCES.md has the cell-by-cell evidence.
@@ -224,6 +229,22 @@ SOURCES: dict[str, str] = {
         "Same CDNA3 compute as MI300X (304 CUs, 2100 MHz, 163.4 FP32, 1307.4 BF16/FP16, 2614.9 FP8/INT8 dense; "
         "ml-engineering) with 256 GB HBM3e at 6 TB/s and 1000 W. ROCm table: 32 MiB L2 (4 per XCD, Infinity "
         "Cache not included), 64 KiB LDS. 'nvlink' = 7 Infinity Fabric links, DERIVED from MI300X's link rate."),
+    "h100_nvl": (
+        "PCIe GH100 card (bridged in pairs): 132 SMs, 1785 MHz max clock (device log), 60 FP32, 835.5 BF16/FP16 "
+        "and 1670.5 FP8/INT8 dense (NVIDIA's sheet with sparsity, halved), 94 GB HBM3 at 3.9 TB/s, 60 MiB L2 "
+        "(device log), 400 W (350-400 configurable), NVLink bridge 600 GB/s between the two cards of a pair."),
+    "h800_sxm": (
+        "China-market H100 SXM5: the same 132-SM GH100 cut, 1980 MHz, 50 MB L2, 80 GB at 3.35 TB/s, 700 W (device "
+        "logs and distributor copies of the sheet) and H100 SXM's tensor rates; NVLink cut to 400 GB/s."),
+    "a800_sxm": (
+        "China-market A100 SXM4 80GB: 108 SMs, 19.5 FP32, 312 BF16/FP16 dense, 2039 GB/s, 400 W (third-party "
+        "tables, device logs); NVLink cut to 400 GB/s (NVIDIA's A800 page). Clock and L2 DERIVED from the A100."),
+    "l40": (
+        "AD102, 142 SMs like the L40S, at half its tensor rates (NVIDIA's L40 datasheet: 181.05 BF16/FP16, 362 "
+        "FP8/INT8 dense), 90.5 FP32, 48 GB GDDR6 at 864 GB/s, 96 MB L2, 300 W, PCIe Gen4, no NVLink."),
+    "rtx_5090": (
+        "GeForce GB202: 170 SMs, 2407 MHz, 96 MiB L2, 1792 GB/s GDDR7 (three deviceQuery logs), 104.8 FP32, 209.5 "
+        "BF16/FP16 with FP32 accumulate (whitepaper), 575 W, PCIe Gen5, no P2P. FP8 and INT8 DERIVED (838)."),
     "mi355x": (
         "CDNA4 (gfx950): 256 CUs, 2400 MHz, 157.3 FP32, 2516.6 BF16/FP16, 5033.2 FP8/INT8, 10066.3 MXFP4 dense "
         "(AMD rounds to 2.5/5/10.1 PF; ml-engineering), 288 GB HBM3e at 8 TB/s, 1400 W. ROCm table: 32 MiB L2, "
