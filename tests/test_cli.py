@@ -50,8 +50,8 @@ def test_group_override_typo_is_caught_before_hydra():
     with pytest.raises(KernelsightError) as e:
         check_group_overrides(["hardware=h100_smx"])
     assert "did you mean 'h100_sxm'" in str(e.value) and "\n" not in str(e.value)
-    with pytest.raises(KernelsightError, match=r"did you mean 'h100_pcie' or 'h100_sxm'\?"):
-        check_group_overrides(["hardware=h10"])  # the start of two configs' names: both, not 'mi100'
+    with pytest.raises(KernelsightError, match=r"did you mean 'h100_nvl', 'h100_pcie' or 'h100_sxm'\?"):
+        check_group_overrides(["hardware=h10"])  # the start of three configs' names: all, not 'mi100'
     with pytest.raises(KernelsightError, match=r"^hardware=h10O: no such config"):
         check_group_overrides(["-m", "hardware=h100_sxm,h10O"])  # every name of a sweep
     fine = ["hardware=h100_sxm", "hardware=h100_sxm,a100_sxm", "seed=3", "hardware=glob(h1*)"]

@@ -78,7 +78,7 @@ def test_wheel_installs_one_namespace_with_configs_and_data(wheel):
     assert "kernelsight/conf/hardware/h100_sxm.yaml" in names
     assert "kernelsight/conf/_hydra.yaml" in names
     hardware = [n for n in names if n.startswith("kernelsight/conf/hardware/") and n.endswith(".yaml")]
-    assert len(hardware) == 33 and "kernelsight/conf/hardware/gpu_specs.csv" in names  # the catalog and its source
+    assert len(hardware) == 38 and "kernelsight/conf/hardware/gpu_specs.csv" in names  # the catalog and its source
     assert not [n for n in names if n.endswith((".pkl", ".pickle", ".joblib"))]
     assert not [n for n in names if "__pycache__" in n]
 
