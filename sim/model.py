@@ -808,8 +808,9 @@ def _hf_derived_max_len(get: HfReader, max_position: int) -> int:
     here: max_position_embeddings, times rope_scaling.factor for the rope types vLLM stretches (all but
     llama3 / longrope / su, whose max_position_embeddings is already the long context); yarn scales
     original_max_position_embeddings instead. Configs saved by transformers 5 name the section
-    rope_parameters, possibly one per attention type (full_attention, sliding_attention), read the same way. The other length keys vLLM also considers (n_positions,
-    seq_length, model_max_length, ...) are not used by these architectures."""
+    rope_parameters, possibly one per attention type (full_attention, sliding_attention), read the same way.
+    The other length keys vLLM also considers (n_positions, seq_length, model_max_length, ...) are not used by
+    these architectures."""
     name = "rope_parameters" if get.raw("rope_parameters") is not None else "rope_scaling"
     rope = get.section(name)
     if rope is None:

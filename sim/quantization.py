@@ -229,7 +229,9 @@ class _Patterns:
     """Module-name patterns as vLLM's quantization configs match them: 're:<regex>' (compressed-tensors,
     re.match), shell wildcards (ModelOpt's fnmatch, on the name or a parent module) and plain dotted names
     matching a module, one of its parents or a dotted part of its name ('lm_head', 'self_attn',
-    'layers.0.mlp.gate'). Llama-4's names match with or without their 'language_model.' prefix."""
+    'layers.0.mlp.gate'). A language model's names match under each prefix checkpoints give them: with or
+    without Llama-4's 'language_model.', and 'model.layers.' also as vision-language checkpoints name it
+    ('model.language_model.layers.' in Qwen-VL, 'language_model.model.layers.' in Mistral-3)."""
 
     def __init__(self, patterns: list[str], where: str):
         self.plain = [f".{p}." for p in patterns if not p.startswith("re:") and not any(c in p for c in "*?[")]
@@ -244,7 +246,11 @@ class _Patterns:
                     raise KernelsightError(f"{where}: {p!r} is not a valid regular expression ({exc})") from None
 
     def match(self, name: str) -> bool:
-        return any(self._match(n) for n in dict.fromkeys((name, name.removeprefix("language_model."))))
+        names = [name, name.removeprefix("language_model.")]
+        if name.startswith("model.layers."):
+            rest = name.removeprefix("model.")
+            names += [f"model.language_model.{rest}", f"language_model.model.{rest}"]
+        return any(self._match(n) for n in dict.fromkeys(names))
 
     def _match(self, name: str) -> bool:
         dotted = f".{name}."

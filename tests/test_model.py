@@ -916,3 +916,18 @@ def test_partial_rotary_factor_sets_the_rotated_dims_as_vllms_llama_attention():
     assert from_hf({**PHI4_MINI, "partial_rotary_factor": 1.0}, "p", "phi/config.json").rotary_dim is None
     with pytest.raises(KernelsightError, match=r"field 'partial_rotary_factor' = 0.01: 0.01 x head_dim 128 must give"):
         from_hf({**PHI4_MINI, "partial_rotary_factor": 0.01}, "p", "phi/config.json")
+
+
+def test_vision_language_exclusion_lists_name_the_language_model_as_the_checkpoint_does():
+    """FP8 checkpoints of vision-language models list unquantized modules under their own prefixes
+    ('model.language_model.layers.' in Qwen-VL, 'language_model.model.layers.' in Mistral-3): they match."""
+    base = VISION_LANGUAGE_CARDS["Qwen/Qwen3-VL-30B-A3B-Instruct"][0]
+    mlp_layers = [f"{prefix}layers.{i}.self_attn" for prefix in ("model.language_model.",) for i in range(48)]
+    quant = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128],
+             "modules_to_not_convert": ["lm_head", "model.visual", *mlp_layers]}
+    model = from_hf({**base, "quantization_config": quant}, "vl", "vl/config.json")
+    assert model.weight_dtype == "fp8_block" and model.weight_formats.attention == "bf16"
+    mistral = VISION_LANGUAGE_CARDS["mistralai/Mistral-Small-3.1-24B-Instruct-2503"][0]
+    quant = {**quant, "modules_to_not_convert": ["language_model.model.layers.0.self_attn"]}
+    with pytest.raises(KernelsightError, match="names 3 of the 120 checkpoint modules of component 'attention'"):
+        from_hf({**mistral, "quantization_config": quant}, "m3", "m3/config.json")
