@@ -66,6 +66,18 @@ VISION_LANGUAGE = {"Qwen2VLForConditionalGeneration": "Qwen2ForCausalLM",
                    "Qwen3VLForConditionalGeneration": "Qwen3ForCausalLM",
                    "Qwen3VLMoeForConditionalGeneration": "Qwen3MoeForCausalLM",
                    "Mistral3ForConditionalGeneration": "MistralForCausalLM"}
+# Architectures people ask for that are refused, and why: layers no measured kernel family prices.
+NOT_MODELLED = {
+    "Qwen3NextForCausalLM": "its Gated DeltaNet linear-attention layers",
+    "DeepseekV32ForCausalLM": "DeepSeek sparse attention's lightning indexer and top-k sparse MLA",
+    "NemotronHForCausalLM": "its Mamba-2 layers",
+    "GraniteMoeHybridForCausalLM": "its Mamba-2 layers",
+    "FalconH1ForCausalLM": "its Mamba-2 layers",
+    "JambaForCausalLM": "its Mamba layers",
+    "KimiLinearForCausalLM": "its Kimi Delta Attention linear-attention layers",
+    "MiniMaxM1ForCausalLM": "its lightning (linear) attention layers",
+    "Gemma3nForConditionalGeneration": "its per-layer embeddings and AltUp / LAuReL blocks",
+}
 WEIGHT_DTYPES = tuple(FORMATS)
 KV_DTYPES = ("bf16", "fp16", "fp8")
 SLIDING_LAYERS = ("none", "all", "even")  # even: layers 0, 2, 4, ... (Gemma-2's and gpt-oss's interleaving)
@@ -606,6 +618,9 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
         raise KernelsightError(f"{source}: field 'architectures' = {archs!r}: must be a list of class names")
     arch = archs[0] if archs else None
     accepted = (*SUPPORTED_ARCHS, *VISION_LANGUAGE)
+    if arch in NOT_MODELLED:
+        raise KernelsightError(f"{source}: architecture {arch!r} is not supported: {NOT_MODELLED[arch]} have no "
+                               f"measured kernel family to price them (supported: {', '.join(accepted)})")
     if not isinstance(arch, str) or arch not in accepted:
         raise KernelsightError(f"{source}: architecture {arch!r} is not supported"
                                f"{did_you_mean(str(arch), accepted)}; supported: {', '.join(accepted)}")

@@ -132,9 +132,12 @@ def test_hf_parsing_follows_vllm_defaults():
 def test_unsupported_architecture_is_refused_by_name(tmp_path):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**LLAMA_8B_HF, "architectures": ["Qwen3NextForCausalLM"]}))
-    with pytest.raises(KernelsightError, match="'Qwen3NextForCausalLM' is not supported") as e:
+    with pytest.raises(KernelsightError, match="'Qwen3NextForCausalLM' is not supported: its Gated DeltaNet "
+                                               "linear-attention layers have no measured kernel family") as e:
         load_model(path)
     assert "\n" not in str(e.value) and str(path) in str(e.value)
+    with pytest.raises(KernelsightError, match=r"'Qwen9ForCausalLM' is not supported \(did you mean"):
+        from_hf({**LLAMA_8B_HF, "architectures": ["Qwen9ForCausalLM"]}, "x", "cfg")
     with pytest.raises(KernelsightError, match="'quantization_config.quant_method' = 'bitsandbytes' is not supported"):
         from_hf({**LLAMA_8B_HF, "quantization_config": {"quant_method": "bitsandbytes"}}, "x", "cfg")
 
