@@ -618,7 +618,7 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
         raise KernelsightError(f"{source}: field 'architectures' = {archs!r}: must be a list of class names")
     arch = archs[0] if archs else None
     accepted = (*SUPPORTED_ARCHS, *VISION_LANGUAGE)
-    if arch in NOT_MODELLED:
+    if isinstance(arch, str) and arch in NOT_MODELLED:
         raise KernelsightError(f"{source}: architecture {arch!r} is not supported: {NOT_MODELLED[arch]} have no "
                                f"measured kernel family to price them (supported: {', '.join(accepted)})")
     if not isinstance(arch, str) or arch not in accepted:

@@ -138,6 +138,8 @@ def test_unsupported_architecture_is_refused_by_name(tmp_path):
     assert "\n" not in str(e.value) and str(path) in str(e.value)
     with pytest.raises(KernelsightError, match=r"'Qwen9ForCausalLM' is not supported \(did you mean"):
         from_hf({**LLAMA_8B_HF, "architectures": ["Qwen9ForCausalLM"]}, "x", "cfg")
+    with pytest.raises(KernelsightError, match=r"^cfg: architecture \['x'\] is not supported"):
+        from_hf({**LLAMA_8B_HF, "architectures": [["x"]]}, "x", "cfg")  # a list where a class name belongs
     with pytest.raises(KernelsightError, match="'quantization_config.quant_method' = 'bitsandbytes' is not supported"):
         from_hf({**LLAMA_8B_HF, "quantization_config": {"quant_method": "bitsandbytes"}}, "x", "cfg")
 
