@@ -73,7 +73,7 @@ def file_path(path, setting: str = "out", formats: tuple[str, ...] | None = None
 def atomic_file(path, setting: str = "out") -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it onto `path` only if the block completes."""
     path = file_path(path, setting, create=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = _temp_path(path)
     try:
         yield tmp
         os.replace(tmp, path)
@@ -83,6 +83,11 @@ def atomic_file(path, setting: str = "out") -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def _temp_path(path: Path, pid: int | None = None) -> Path:
+    """This process's (or `pid`'s) hidden temporary file beside `path`."""
+    return path.with_name(f".{path.name}.{os.getpid() if pid is None else pid}.tmp")
 
 
 def write_text(path, text: str, setting: str = "out") -> Path:
@@ -144,8 +149,7 @@ class RunDirectory:
 
     def _remove_dead_staging(self) -> None:
         for old in self.path.parent.glob(f".{self.path.name}.partial-*"):
-            pid = old.name.rsplit("-", 1)[-1]
-            if pid.isdigit() and not _alive(int(pid)):
+            if _dead(old.name.rsplit("-", 1)[-1]):
                 shutil.rmtree(old, ignore_errors=True)
 
     def open(self) -> Path:
@@ -188,6 +192,11 @@ def run_directory(path, what: str, overwrite: bool = False, setting: str = "outp
         run.discard()
         raise
     run.commit()
+
+
+def _dead(pid: str) -> bool:
+    """Whether `pid` (the digits of a file name) names a process that is gone."""
+    return pid.isdigit() and not _alive(int(pid))
 
 
 def _alive(pid: int) -> bool:
@@ -285,36 +294,32 @@ def interrupts_latched() -> Iterator[Callable[[], None]]:
 
 
 def _remove_dead_temps(path: Path) -> None:
-    """Remove the temporary files of `path` (atomic_file's names) that a killed process left behind."""
-    for old in path.parent.glob(f".{path.name}.*.tmp"):
-        pid = old.name[len(path.name) + 2:-len(".tmp")]
-        if pid.isdigit() and not _alive(int(pid)):
+    """Remove the temporary files of `path` (_temp_path's names) that a killed process left behind."""
+    for old in path.parent.glob(_temp_path(path, "*").name):
+        if _dead(old.name[len(path.name) + 2:-len(".tmp")]):
             old.unlink(missing_ok=True)
 
 
-def _write_twins(tables, setting: str) -> None:
-    """Write a results table and its Parquet twin ((frame, path) each, the authority first) so that no
-    interruption, not even SIGKILL, leaves the two disagreeing: both are written to temporary files, then the
-    twin is removed and the two renamed into place, Ctrl-C held back meanwhile. A kill inside that leaves the
-    table (old or new) without its twin, which the next append writes again; a kill while writing leaves a
-    temporary file, which the next append removes."""
+def _write_twins(table: Path, frame: pd.DataFrame, twin: Path, twin_frame: pd.DataFrame, setting: str) -> None:
+    """Write a results table and its Parquet twin so that no interruption, not even SIGKILL, leaves the two
+    disagreeing: both are written to temporary files, then the twin is removed and the two renamed into place,
+    Ctrl-C held back meanwhile. A kill inside that leaves the table (old or new) without its twin, which the
+    next append writes again; a kill while writing leaves a temporary file, which the next append removes."""
     staged, replacing = [], False
     try:
-        for frame, path in tables:
+        for path, data in ((table, frame), (twin, twin_frame)):
             _remove_dead_temps(path)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            staged.append((tmp, path))
-            _table_to(frame, tmp, path.suffix)
+            staged.append((_temp_path(path), path))
+            _table_to(data, staged[-1][0], path.suffix)
         with _interrupts_deferred():
             replacing = True
-            for _, twin in staged[1:]:
-                twin.unlink(missing_ok=True)
+            twin.unlink(missing_ok=True)
             for tmp, path in staged:
                 os.replace(tmp, path)
     except OSError as e:
         full = " (disk full or file size limit)" if e.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT) else ""
-        kept = ("its Parquet twin may be missing until the next append" if replacing else "nothing was written")
-        raise KernelsightError(f"{setting}={tables[0][1]}: cannot write: {_why(e)}{full}; {kept}") from None
+        kept = "its Parquet twin may be missing until the next append" if replacing else "nothing was written"
+        raise KernelsightError(f"{setting}={table}: cannot write: {_why(e)}{full}; {kept}") from None
     finally:
         for tmp, _ in staged:
             tmp.unlink(missing_ok=True)
@@ -341,7 +346,7 @@ def append_row(table, row: dict, key_columns: tuple[str, ...], setting: str = "r
             new = pd.DataFrame([row])
             frame = new if old.empty else pd.concat([old, new], ignore_index=True, sort=False)
             parquet = frame.astype({c: str for c in frame.columns if frame[c].dtype == object})
-            _write_twins(((frame, table), (parquet, twin)), setting)
+            _write_twins(table, frame, twin, parquet, setting)
         except BaseException:
             if first and not table.exists():  # the table's first row failed (a full disk): leave nothing behind
                 lock_path.unlink(missing_ok=True)

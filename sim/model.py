@@ -835,14 +835,14 @@ def _hf_derived_max_len(get: HfReader, max_position: int) -> int:
     else:
         sections = [rope]
     base, factor = max_position, 1.0
-    for rope in filter(None, sections):
-        key = "type" if rope.raw("rope_type") is None and rope.raw("type") is not None else "rope_type"
-        rope_type = rope(key, "str", default="default")
+    for section in filter(None, sections):
+        key = "type" if section.raw("rope_type") is None and section.raw("type") is not None else "rope_type"
+        rope_type = section(key, "str", default="default")
         if rope_type in _ROPE_UNSCALED:
             continue
-        factor = rope("factor", "positive", default=factor)
+        factor = section("factor", "positive", default=factor)
         if rope_type == "yarn":
-            base = rope("original_max_position_embeddings", "pos")
+            base = section("original_max_position_embeddings", "pos")
     return int(base * factor)
 
 
