@@ -15,12 +15,16 @@ class StepBatch:
     decode_ctx[j]: KV length decoding request j attends over, its new token included;
     prefill_sampled: prefill chunks that finish their prompt this step and
         sample a first token (decodes always sample one).
+    dp_tokens: tokens the step's forward pass runs at when attention data-parallel ranks step together
+        (engine.LockstepGroup: the largest rank's count when vLLM pads every rank to it; a rank with
+        nothing scheduled runs a dummy batch of dp_tokens and no sequence); 0: its own tokens.
     """
 
     prefill_new: tuple = ()
     prefill_ctx: tuple = ()
     decode_ctx: tuple = ()
     prefill_sampled: int = 0
+    dp_tokens: int = 0
 
     def __post_init__(self):
         if len(self.prefill_new) != len(self.prefill_ctx):
@@ -37,6 +41,11 @@ class StepBatch:
     @property
     def num_tokens(self) -> int:
         return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def forward_tokens(self) -> int:
+        """Tokens the token-wise kernels run at (before CUDA-graph padding)."""
+        return max(self.num_tokens, self.dp_tokens)
 
     @property
     def num_seqs(self) -> int:

@@ -30,7 +30,7 @@ Memory is flat in the number of requests: the arrival stream is pulled one
 request at a time, and finished requests are folded into the metrics (and
 optionally handed to a recorder) and dropped.
 
-Fast-forward (fast_forward=True, the default; pipeline parallelism excluded):
+Fast-forward (fast_forward=True, the default; pipeline parallelism and lockstep groups excluded):
 most steps decode one token for every running request and nothing else. When
 the scheduler says the coming steps are all such steps (scheduler.DecodeRun:
 no admission, chunk or preemption until a request's last token, KV blocks
@@ -52,16 +52,18 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from dataclasses import replace
 from typing import Iterable
 
 import numpy as np
 
 from kernelsight.predictor.errors import KernelsightError, check_seed, did_you_mean
+from kernelsight.sim.batch import StepBatch
 from kernelsight.sim.context import exceeds_max_model_len
 from kernelsight.sim.kv_cache import KVCacheManager, SlidingGroups
 from kernelsight.sim.metrics import ServingMetrics
 from kernelsight.sim.request import Request
-from kernelsight.sim.scheduler import ScheduledStep, Scheduler, SchedulerConfig
+from kernelsight.sim.scheduler import Scheduler, SchedulerConfig
 
 # Event kinds, in the order they are handled at equal times.
 COMPLETE, ARRIVAL, FOLLOWUP, DELIVER, WAKE = 0, 1, 2, 3, 4
@@ -93,10 +95,34 @@ class Replica:
         self.busy_s = 0.0         # GPU time of the steps launched (first stage for PP)
         self.in_frontend = 0      # routed here, not yet delivered to the scheduler
         self.period = 0.0         # host + GPU time of the last decode-only step (sizes fast-forward runs)
+        self.group = None         # its LockstepGroup, if attention data-parallel ranks step together
 
     @property
     def outstanding(self) -> int:
         return self.scheduler.num_unfinished + self.in_frontend
+
+
+class LockstepGroup:
+    """Attention data-parallel ranks of one replica (vLLM's --data-parallel-size on a MoE model): each has its
+    own scheduler and KV pool, and all run every step together, because each MoE layer gathers every rank's
+    tokens; a rank with nothing scheduled runs a dummy batch while any rank has work. When every rank's batch
+    fits a CUDA graph, vLLM pads each rank's forward pass to the largest rank's token count (otherwise all run
+    eagerly, each its own tokens; the model graph prices a MoE layer at a rank's tokens times the ranks).
+    The step ends with the slowest rank's.
+    The group keeps the one step pipeline its ranks share (Replica's host, stage and in-flight fields)."""
+
+    def __init__(self, members: list[Replica]):
+        self.members = members
+        self.pricer = members[0].pricer
+        self.pp = members[0].pp
+        self.depth = members[0].depth
+        self.inflight: deque = deque()   # per step: each member's ScheduledStep, None for a dummy batch
+        self.host_free = 0.0
+        self.stage_free = 0.0
+        self.last_complete = 0.0
+        self.wake_pending = False
+        for m in members:
+            m.group = self
 
 
 class Router:
@@ -207,7 +233,10 @@ class Engine:
                 self._deliver(replica, payload, t)
             else:
                 replica.wake_pending = False
-                self._try_schedule(replica, t)
+                if replica.__class__ is LockstepGroup:
+                    self._step_group(replica, t)
+                else:
+                    self._try_schedule(replica, t)
         return self.summary()
 
     def _drain(self, t: float) -> None:
@@ -248,7 +277,7 @@ class Engine:
     def _deliver(self, replica: Replica, req: Request, t: float) -> None:
         """The request reaches the replica's scheduler (after the frontend path, if any)."""
         replica.scheduler.add_request(req)
-        self._wake(replica, t)
+        self._wake(replica.group or replica, t)
 
     def _wake(self, replica: Replica, t: float) -> None:
         """Let the replica schedule at t, after every other event at t (all simultaneous arrivals)."""
@@ -275,26 +304,73 @@ class Engine:
         else:
             st = replica.pricer.step_time(step.batch)
             gpu, host = st.gpu_s, st.host_s
-        ready = t + host
-        launch = max(ready, replica.stage_free)
-        stage = gpu / replica.pp
-        replica.stage_free = launch + stage
-        end = max(launch + gpu, replica.last_complete + stage)
-        replica.last_complete = end
-        replica.host_free = ready
-        replica.busy_s += stage
+        launch, end = self._launch(replica, t, gpu, host, step)
+        replica.busy_s += gpu / replica.pp
         if not step.prefills:
             replica.period = host + gpu
-        replica.inflight.append(step)
-        self._push(end, COMPLETE, step, replica)
-        if len(replica.inflight) < replica.depth:
-            self._wake(replica, ready)
+        self._stepped(replica, step, t, launch, end, gpu, host)
+
+    def _launch(self, unit, t: float, gpu: float, host: float, payload) -> tuple[float, float]:
+        """Put a step formed at t on the pipeline of `unit` (a Replica or LockstepGroup): its host work, then
+        its GPU time on each stage, completing in order; returns its launch and completion times."""
+        ready = t + host
+        launch = max(ready, unit.stage_free)
+        stage = gpu / unit.pp
+        unit.stage_free = launch + stage
+        end = max(launch + gpu, unit.last_complete + stage)
+        unit.last_complete = end
+        unit.host_free = ready
+        unit.inflight.append(payload)
+        self._push(end, COMPLETE, payload, unit)
+        if len(unit.inflight) < unit.depth:
+            self._wake(unit, ready)
+        return launch, end
+
+    def _stepped(self, replica: Replica, step, t: float, launch: float, end: float, gpu: float, host: float):
+        """KV usage statistics and the recorder's row of a step just launched on `replica`."""
         usage = replica.kv.usage
         self.kv_usage_sum += usage
         if usage > self.kv_usage_max:
             self.kv_usage_max = usage
         if self.recorder is not None:
             self.recorder.step(replica, step, t, launch, end, gpu, host)
+
+    def _step_group(self, group: LockstepGroup, t: float) -> None:
+        """One lockstep step of the group's ranks (LockstepGroup): each schedules its own batch, all run at the
+        largest one's token count where CUDA graphs run it, and the step takes the slowest rank's host and GPU
+        time. Not fast-forwarded."""
+        if len(group.inflight) >= group.depth:
+            return
+        if group.host_free > t:
+            self._wake(group, group.host_free)
+            return
+        steps = [m.scheduler.schedule(t) for m in group.members]
+        tokens = max((s.batch.num_tokens for s in steps if s is not None), default=0)
+        if not tokens:
+            return
+        pricer, acc = group.pricer, self.breakdown
+        # vLLM (v1 worker dp_utils): the ranks agree on the least CUDA-graph mode any of them can run; with
+        # graphs every rank is padded to the largest token count, eagerly each runs its own (a dummy: 1 token)
+        own = [s.batch if s is not None else StepBatch(dp_tokens=1) for s in steps]
+        pad = tokens if all(pricer.graphed(b) for b in own) else 0
+        batches = [replace(b, dp_tokens=max(pad, b.dp_tokens)) for b in own] if pad else own
+        if acc is not None:
+            parts = [pricer.breakdown(b) for b in batches]
+            times = [(p["gpu_s"], p["host_s"]) for p in parts]
+        else:
+            times = [(st.gpu_s, st.host_s) for st in map(pricer.step_time, batches)]
+        gpu = max(g for g, _ in times)
+        host = max(h for _, h in times)
+        launch, end = self._launch(group, t, gpu, host, steps)
+        for i, (m, step) in enumerate(zip(group.members, steps)):
+            m.busy_s += gpu / group.pp   # a rank that finishes first waits at the next MoE layer's gather
+            if acc is not None:
+                wait = gpu - times[i][0]
+                if wait > 0:
+                    parts[i]["family"]["dp_wait"] = wait
+                acc.add(batches[i], parts[i])
+            if step is not None:
+                self._stepped(m, step, t, launch, end, gpu, host)
 
     # ----- fast-forward -----
     def _fast_forward(self, replica: Replica, t: float) -> bool:
@@ -494,10 +570,15 @@ class Engine:
             stack.extend(c for c in (2 * i + 1, 2 * i + 2) if c < len(heap))
         return best
 
-    def _complete(self, replica: Replica, t: float) -> None:
-        step: ScheduledStep = replica.inflight.popleft()
+    def _complete(self, replica, t: float) -> None:
+        """The oldest step in flight on `replica` (a Replica or LockstepGroup) completes at t."""
+        step = replica.inflight.popleft()
         metrics = self.metrics
-        finished = replica.scheduler.update(step, t, metrics.dist["itl"])
+        if replica.__class__ is LockstepGroup:
+            finished = [req for m, s in zip(replica.members, step) if s is not None
+                        for req in m.scheduler.update(s, t, metrics.dist["itl"])]
+        else:
+            finished = replica.scheduler.update(step, t, metrics.dist["itl"])
         for req in finished:
             latencies = metrics.record_request(req)
             if self.recorder is not None:
@@ -551,11 +632,19 @@ def _sync_timeline(t: float, host: float, gpu: np.ndarray, horizon: float) -> tu
 
 
 def build_replicas(num_replicas: int, sched_config: SchedulerConfig, num_blocks: int, make_pricer,
-                   pipeline_parallel_size: int = 1, sliding: SlidingGroups | None = None) -> list[Replica]:
+                   pipeline_parallel_size: int = 1, sliding: SlidingGroups | None = None,
+                   lockstep: int = 1) -> list[Replica]:
     """Identical replicas, each with its own KV pool (num_blocks usable blocks, shared with the sliding-window
-    groups `sliding` if any) and pricer."""
+    groups `sliding` if any) and pricer; lockstep > 1: each run of that many consecutive replicas is one
+    LockstepGroup (attention data-parallel ranks; they share one pricer)."""
+    if lockstep < 1 or num_replicas % lockstep:
+        raise KernelsightError(f"{num_replicas} replicas do not form lockstep groups of {lockstep}")
     replicas = []
     for i in range(num_replicas):
         kv = KVCacheManager(num_blocks, sched_config.block_size, sched_config.enable_prefix_caching, sliding)
-        replicas.append(Replica(i, Scheduler(sched_config, kv), make_pricer(), pipeline_parallel_size))
+        pricer = make_pricer() if i % lockstep == 0 else replicas[-1].pricer
+        replicas.append(Replica(i, Scheduler(sched_config, kv), pricer, pipeline_parallel_size))
+    if lockstep > 1:
+        for i in range(0, num_replicas, lockstep):
+            LockstepGroup(replicas[i:i + lockstep])
     return replicas

@@ -54,7 +54,7 @@ def step_kernels(model: ModelConfig, batch: StepBatch, par: ParallelConfig, engi
                  padded_tokens: int | None = None) -> list[KernelCall]:
     """Every kernel of one step; padded_tokens: the CUDA-graph size token-wise kernels run at."""
     s = shard(model, par)
-    tokens = padded_tokens or batch.num_tokens
+    tokens = padded_tokens or batch.forward_tokens
     if batch.num_prefill_tokens and batch.num_decode_tokens:
         phase = "mixed"
     else:
@@ -118,6 +118,8 @@ def attention_kernels(model: ModelConfig, par: ParallelConfig, engine: EnginePro
                       s: Shard | None = None) -> list[KernelCall]:
     """Prefill and decode attention of each layer kind (see the module docstring for the aggregation)."""
     s = s or shard(model, par)
+    if not batch.num_tokens:   # a data-parallel rank's dummy batch
+        return []
     if engine.attention.layout == "flat_masked":
         return flat_attention_kernels(model, s, batch.num_tokens, flat_kv_tokens(batch),
                                       engine.attention.flat_slowdown)

@@ -194,7 +194,7 @@ class StepPricer:
     # -- public API ---------------------------------------------------------------------
     def step_time(self, batch: StepBatch, exact: bool = False) -> StepTime:
         """Time of one step; exact=True prices every kernel with the predictor instead of the tables."""
-        if not batch.num_tokens:
+        if not batch.forward_tokens:
             return StepTime(0.0, 0.0, 0.0)
         mode, run_tokens = self._graph_mode(batch)
         if exact:
@@ -219,7 +219,7 @@ class StepPricer:
         proportion to the sampled rows; launch waiting follows the kernel time split.
         """
         out = {"family": {}, "phase": {"prefill": 0.0, "decode": 0.0}}
-        if not batch.num_tokens:
+        if not batch.forward_tokens:
             return {**out, "gpu_s": 0.0, "host_s": 0.0, "total_s": 0.0}
         mode, run_tokens = self._graph_mode(batch)
         sampled = batch.num_sampled
@@ -267,7 +267,7 @@ class StepPricer:
 
     def _step_calls(self, batch: StepBatch) -> list[KernelCall]:
         """The step's kernel calls at the sizes they run (graph padding applied); none for an empty step."""
-        if not batch.num_tokens:
+        if not batch.forward_tokens:
             return []
         return step_kernels(self.model, batch, self.parallel, self.engine, padded_tokens=self._graph_mode(batch)[1])
 
@@ -398,10 +398,14 @@ class StepPricer:
             row = cache[size] = tuple((name, float(x)) for name, x in zip(self.families, table[:, size]) if x)
         return row
 
+    def graphed(self, batch: StepBatch) -> bool:
+        """Whether the step runs as a CUDA graph (full or piecewise)."""
+        return self._graph_mode(batch)[0] != "eager"
+
     def _graph_mode(self, batch: StepBatch) -> tuple[str, int]:
         """('full' | 'piecewise' | 'eager', token count the graphed kernels run at)."""
         graph = self.engine.cuda_graph
-        tokens = batch.num_tokens
+        tokens = batch.forward_tokens
         if not graph.enabled or tokens > graph.max_size:
             return "eager", tokens
         decode_only = not batch.prefill_new
@@ -436,6 +440,8 @@ class StepPricer:
         """(prefill, decode) attention seconds of the step, then the same in joules (0 unless joules=True), from
         the interpolated tables (flat masked attention: one step total, shared by the prefill and decode query
         tokens)."""
+        if not batch.num_tokens:   # a data-parallel rank's dummy batch: no sequence attends
+            return 0.0, 0.0, 0.0, 0.0
         if self.flat:
             total, total_j = self._flat_prices(batch.num_tokens, flat_kv_tokens(batch), joules)
             share = batch.num_prefill_tokens / batch.num_tokens

@@ -9,8 +9,9 @@ per-request table). The steps:
    network and prices steps with StepPricer over the predictor (η bundle, or
    roofline with a warning);
 2. run creates `parallel.dp x parallel.attention_dp` replicas (attention
-   data-parallel groups schedule their own requests, like replicas; their
-   MoE layers run together, which the model graph prices), each with its own
+   data-parallel groups schedule their own requests, like replicas, and step
+   in lockstep, padded to the largest group's tokens: engine.LockstepGroup;
+   their MoE layers run together, which the model graph prices), each with its own
    scheduler and KV pool, behind the router, and streams the workload's requests through them
    (engine.Engine); with out_dir it writes the Parquet tables and trace while
    it runs (report.Recorder).
@@ -76,9 +77,12 @@ class Setup:
 
     def replicas(self) -> list[Replica]:
         # Replicas are identical, so they share one pricer (it is a pure function with memo tables).
-        groups = 1 if self.one_group else self.parallel.dp * self.parallel.attention_dp
-        return build_replicas(groups, self.scheduler, self.num_blocks, lambda: self.pricer, self.parallel.pp,
-                              self.sliding)
+        if self.one_group:
+            return build_replicas(1, self.scheduler, self.num_blocks, lambda: self.pricer, self.parallel.pp,
+                                  self.sliding)
+        p = self.parallel
+        return build_replicas(p.dp * p.attention_dp, self.scheduler, self.num_blocks, lambda: self.pricer, p.pp,
+                              self.sliding, lockstep=p.attention_dp)
 
     def energy(self, engine: Engine, summary: dict) -> dict:
         """The summary's energy fields of a finished run of `engine` (sim/energy.py; NaN without a breakdown)."""

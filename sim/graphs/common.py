@@ -203,7 +203,7 @@ def moe_kernels(model: ModelConfig, par: ParallelConfig, engine: EngineProfile, 
     results. With attention_dp groups, vLLM's default all-to-all backend (allgather_reducescatter)
     all-gathers the groups' tokens over the data-parallel group before the experts (dispatch) and
     reduce-scatters the outputs after them (combine), so the kernel sees T x attention_dp tokens (the
-    groups run in lockstep; equal batches assumed). The router runs in model.router_dtype, the top-k
+    groups run in lockstep, padded to the largest group's T where CUDA graphs run: engine.LockstepGroup). The router runs in model.router_dtype, the top-k
     scoring is the model's softmax or sigmoid over every expert, the experts run in their own format
     and the shared expert, where there is one, as a TP-sharded MLP in its own."""
     moe, h, count = model.moe, model.hidden, model.moe_layers
