@@ -9,8 +9,9 @@ machine absolute times move with the load, ratios much less.
    (python calling kernelsight.cli.main, as the console script does, without a launcher shim's
    start-up; target <= 2 s), and the simulation's
    own wall time it prints, with the process's CPU time. The command's default (conf/simulate.yaml
-   `intervals: true`) runs the simulation three times (the kernels' central prices, then both ends of
-   their 80 % intervals, side by side in a forked process where 2 CPUs are usable: sim.run.interval_ends),
+   `intervals: true`) runs the simulation three times (the kernels' central prices and both ends of
+   their 80 % intervals, each end in a forked child beside the central run where 2 CPUs are usable:
+   sim.run.interval_ends),
    so the command is also timed with intervals=false. The command has no
    fast-forward switch: the step-by-step process is the same command with its engine built with
    fast_forward=False.

@@ -273,8 +273,8 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
     engine step one by one (same result, slower; see run). intervals: run again with every kernel priced at
     the low and the high end of its 80 % interval (predictor/predict.py; errors of kernels moving together)
     and put each metric's range in summary['intervals'], widened to the engine profile's serving error
-    (engine_profile.ServingError: what kernel intervals leave out). parallel_bands: run the two ends side by
-    side in a forked process (None: where os.fork exists and 2 CPUs are usable; see interval_ends).
+    (engine_profile.ServingError: what kernel intervals leave out). parallel_bands: run each end in a forked
+    child beside the central run (None: where os.fork exists and 2 CPUs are usable; see interval_ends).
     """
     if num_requests is not None:
         whole_number(num_requests, "num_requests", hint="null: every row of a trace")
@@ -282,7 +282,8 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
     whole_number(trace_steps, "trace_steps", 0, hint="steps in trace.json")
     whole_number(trace_kernel_steps, "trace_kernel_steps", 0, hint="of which the first show their kernels")
     intervals = intervals and tier != "roofline"
-    # with intervals, one predictor keeps its predictions: the runs at both ends reuse the central run's
+    # with intervals, one predictor keeps its predictions (the runs at both ends reuse the central run's where
+    # they run after it in this process)
     predictor = Predictor(hardware.on_network(parallel.net_gbs_per_gpu), tier=tier, bundle=bundle,
                           memo=True) if intervals else None
     setup = build_setup(model, hardware, engine, parallel, workload, tier=tier, bundle=bundle,
@@ -291,24 +292,31 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
     slo_ms = check_slo(slo)
     if num_requests is None and setup.workload.trace is None:
         raise KernelsightError("num_requests=null only replays a whole trace; synthetic workloads need a count")
-    result = run(setup, num_requests, seed, router, slo_ms, out_dir, trace_steps, trace_kernel_steps, breakdown,
-                 keep_requests, progress, fast_forward)
-    if intervals:
-        def band_run(band: str):
-            band_setup = build_setup(model, hardware, engine, parallel, workload, max_model_len=max_model_len,
-                                     allow_long_max_model_len=allow_long_max_model_len, energy=False,
-                                     predictor=predictor.with_band(band))
-            return lambda: run(band_setup, num_requests, seed, router, slo_ms, breakdown=False,
-                               fast_forward=fast_forward).summary
 
-        ends = interval_ends([band_run("p10"), band_run("p90")], parallel_bands)
-        error = setup.engine.serving_error
-        if setup.workload.max_concurrency is None:  # open loop: the arrival rate, not the simulator, sets throughput
-            error = replace(error, throughput=None)
-        result.summary["intervals"] = {key: list(error.widen(key, float(result.summary[key]),
-                                                              *sorted(end[key] for end in ends)))
-                                       for key in INTERVAL_METRICS}
-        result.summary["intervals_serving_error"] = error != ServingError()
+    def central():
+        return run(setup, num_requests, seed, router, slo_ms, out_dir, trace_steps, trace_kernel_steps, breakdown,
+                   keep_requests, progress, fast_forward)
+
+    if not intervals:
+        return central()
+
+    def band_run(band: str):
+        band_setup = build_setup(model, hardware, engine, parallel, workload, max_model_len=max_model_len,
+                                 allow_long_max_model_len=allow_long_max_model_len, energy=False,
+                                 predictor=predictor.with_band(band))
+        return lambda: run(band_setup, num_requests, seed, router, slo_ms, breakdown=False,
+                           fast_forward=fast_forward).summary
+
+    start = time.perf_counter()
+    result, ends = interval_ends(central, [band_run("p10"), band_run("p90")], parallel_bands)
+    result.summary["wall_s"] = time.perf_counter() - start   # the three runs' (central, both ends)
+    error = setup.engine.serving_error
+    if setup.workload.max_concurrency is None:  # open loop: the arrival rate, not the simulator, sets throughput
+        error = replace(error, throughput=None)
+    result.summary["intervals"] = {key: list(error.widen(key, float(result.summary[key]),
+                                                          *sorted(end[key] for end in ends)))
+                                   for key in INTERVAL_METRICS}
+    result.summary["intervals_serving_error"] = error != ServingError()
     return result
 
 
@@ -324,36 +332,42 @@ def _ends(summary: dict) -> dict:
     return {key: float(summary[key]) for key in INTERVAL_METRICS}
 
 
-def interval_ends(runs, parallel: bool | None = None) -> list[dict]:
-    """The INTERVAL_METRICS of the two runs at the ends of the kernel intervals (`runs`: two callables, each
-    running one and returning its summary), in order.
+def interval_ends(central, runs, parallel: bool | None = None) -> tuple:
+    """Run `central` here and the two runs at the ends of the kernel intervals (`runs`: two callables, each
+    running one and returning its summary); returns (what central returned, the INTERVAL_METRICS of each end
+    in order).
 
-    Why two processes: both runs price from the central run's memoised predictions, so they come after it,
-    but they are independent of each other; on two cores they run side by side. A forked child runs the
-    second and sends back its metrics (and warnings) as JSON over a pipe, while this process runs the first:
-    the same numbers as one after the other (JSON gives floats back exactly). parallel None: where os.fork
-    exists and 2 CPUs are usable. A child that fails, sends garbage or runs long has its run redone here;
-    an exception here (Ctrl-C) kills and reaps it before it propagates.
+    Why children: the three runs are independent, so where os.fork exists and 2 CPUs are usable (parallel
+    None) each end runs in a forked child started before the central run, all three side by side. A child
+    sends back its metrics (and warnings) as JSON over a pipe: the same numbers as one run after the other
+    (JSON gives floats back exactly). A child that fails, sends garbage or runs long has its run redone here;
+    an exception here (Ctrl-C) kills and reaps the children before it propagates.
     """
     if parallel is None:
         parallel = hasattr(os, "fork") and usable_cpus() >= 2
-    first, second = runs
-    child = _fork(second) if parallel else None
-    if child is None:
-        return [_ends(first()), _ends(second())]
-    pid, read_fd = child
-    message = None
+    children = [_fork(band) for band in runs] if parallel else [None] * len(runs)
+    messages: list = [None] * len(runs)
+    statuses: list = [None] * len(runs)
     try:
         start = time.monotonic()
-        low = _ends(first())
-        message = _read(read_fd, time.monotonic() + max(CHILD_GRACE_S, 2 * (time.monotonic() - start)))
+        result = central()
+        deadline = time.monotonic() + max(CHILD_GRACE_S, 2 * (time.monotonic() - start))
+        for i, child in enumerate(children):
+            if child is not None:
+                messages[i] = _read(child[1], deadline)
     finally:
-        os.close(read_fd)
-        if message is None:  # an exception here, or the child outlived its grace
-            os.kill(pid, signal.SIGKILL)  # not yet reaped: the pid is still this child's
-        status = os.waitpid(pid, 0)[1]
-    high = _received(message, status)
-    return [low, high if high is not None else _ends(second())]
+        for i, child in enumerate(children):
+            if child is not None:
+                pid, read_fd = child
+                os.close(read_fd)
+                if messages[i] is None:  # an exception here, or the child failed or outlived its grace
+                    os.kill(pid, signal.SIGKILL)  # not yet reaped: the pid is still this child's
+                statuses[i] = os.waitpid(pid, 0)[1]
+    ends = []
+    for band, child, message, status in zip(runs, children, messages, statuses):
+        got = _received(message, status) if child is not None else None
+        ends.append(got if got is not None else _ends(band()))
+    return result, ends
 
 
 def _fork(band) -> tuple[int, int] | None:

@@ -326,7 +326,7 @@ def test_every_architecture_simulates_from_its_config_json(config_file, gpu, lay
     assert 0 < result.metrics["tpot_ms"]["mean"] < result.metrics["e2el_ms"]["mean"]
 
 
-# The runs at both ends of the kernel intervals side by side (sim.run.interval_ends): a forked child runs one.
+# The runs at both ends of the kernel intervals beside the central run (sim.run.interval_ends): a forked child each.
 
 def test_the_interval_ends_side_by_side_give_the_sequential_numbers_exactly(monkeypatch):
     import warnings
@@ -342,7 +342,7 @@ def test_the_interval_ends_side_by_side_give_the_sequential_numbers_exactly(monk
         warnings.simplefilter("ignore")
         parallel, sequential = (sim_run.simulate(*typed_configs(cfg, sources), workload_config(cfg), num_requests=60,
                                                  intervals=True, parallel_bands=flag).summary for flag in (True, False))
-    assert len(received) == 1 and received[0] is not None  # the child's numbers, not a rerun here
+    assert len(received) == 2 and None not in received  # the children's numbers, not reruns here
     assert json.dumps(parallel["intervals"]) == json.dumps(sequential["intervals"])  # bit for bit (repr, NaN too)
     same = [json.dumps({**summary, "wall_s": 0}, sort_keys=True, default=repr) for summary in (parallel, sequential)]
     assert same[0] == same[1]
@@ -414,8 +414,8 @@ def test_a_child_that_fails_has_its_band_run_again_here(monkeypatch, act, forked
     from kernelsight.sim import run as sim_run
 
     monkeypatch.setattr(sim_run, "CHILD_GRACE_S", 0.5)
-    assert sim_run.interval_ends([lambda: band_ends(0.25), in_the_child(act)], parallel=True) == [
-        band_ends(0.25), band_ends(0.5)]
+    assert sim_run.interval_ends(lambda: "central", [lambda: band_ends(0.25), in_the_child(act)], parallel=True) == (
+        "central", [band_ends(0.25), band_ends(0.5)])
     assert_reaped(forked)
 
 
@@ -439,7 +439,7 @@ def test_ctrl_c_here_kills_and_reaps_the_child(tmp_path, forked):
 
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        interval_ends([interrupted, child_band], parallel=True)
+        interval_ends(interrupted, [child_band, child_band], parallel=True)
     assert time.monotonic() - start < 10
     with pytest.raises(ProcessLookupError):  # killed and reaped: neither running nor a zombie
         os.kill(int(pid_file.read_text()), 0)
@@ -451,8 +451,12 @@ def test_one_cpu_runs_the_interval_ends_one_after_the_other(monkeypatch):
 
     monkeypatch.setattr(sim_run, "usable_cpus", lambda: 1)
     monkeypatch.setattr(sim_run, "_fork", None)  # never called
-    assert sim_run.interval_ends([lambda: band_ends(0.25), lambda: band_ends(0.5)]) == [band_ends(0.25),
-                                                                                          band_ends(0.5)]
+    order = []
+    assert sim_run.interval_ends(lambda: order.append("central"),
+                                 [lambda: order.append("p10") or band_ends(0.25),
+                                  lambda: order.append("p90") or band_ends(0.5)]) == (None, [band_ends(0.25),
+                                                                                           band_ends(0.5)])
+    assert order == ["central", "p10", "p90"]  # the ends after the central run: they reuse its predictions
 
 
 def test_the_childs_warnings_are_given_here():
@@ -466,7 +470,8 @@ def test_the_childs_warnings_are_given_here():
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert interval_ends([lambda: band_ends(0.25), warns], parallel=True) == [band_ends(0.25), band_ends(0.5)]
+        assert interval_ends(lambda: None, [lambda: band_ends(0.25), warns], parallel=True) == (
+            None, [band_ends(0.25), band_ends(0.5)])
     assert [str(w.message) for w in caught] == ["the p90 band warns"]  # once: the child's, not a rerun here
 
 
