@@ -30,7 +30,12 @@ blocks filled by decodes are cached when the request frees its blocks
 in between: their content is the request's own output, which only the
 request itself (after a preemption, when its blocks were freed) or a later
 conversation turn (after it finished) can ask for. So hits and evictions are
-vLLM's, at one short KV-manager call per 16 decoded tokens.
+vLLM's, at one short KV-manager call per 16 decoded tokens. The same holds for
+every block of a private request (Request.private: its prompt is its own text and
+no later turn quotes it): only the request itself, after a preemption, can ask
+for them, so they are hashed and cached when a preemption frees them and never
+otherwise (lookups for it find nothing before its first preemption). Hits and
+block choices are vLLM's; only its count of evicted hashes leaves these out.
 
 Local-attention layers (SlidingGroups): vLLM's hybrid allocator puts a
 model's full-attention layers in one KV-cache group and its sliding-window
@@ -49,7 +54,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernelsight.sim.request import Request
+from kernelsight.sim.request import FINISHED, Request
 
 
 @dataclass(frozen=True)
@@ -210,7 +215,7 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request, num_known: int) -> list[int]:
         """Cached blocks of the longest cached prefix (at most num_known - 1 tokens); no ref taken."""
-        if not self.enable_caching:
+        if not self.enable_caching or (not request.num_preemptions and request.private):
             return []
         bs = self.block_size
         limit = (num_known - 1) // bs
@@ -275,7 +280,7 @@ class KVCacheManager:
             for b in new:
                 ref[b] = 1
             blocks.extend(new)
-        if self.enable_caching:
+        if self.enable_caching and not request.private:
             num_full = (total if total < num_known else num_known) // bs
             if num_full > request.num_cached_blocks:
                 self._cache_full_blocks(request, num_full)
@@ -393,7 +398,8 @@ class KVCacheManager:
         num_cacheable: min(computed, known) tokens of the request; full blocks
         within them not cached yet (filled by decodes) are cached first.
         """
-        if self.enable_caching and num_cacheable // self.block_size > request.num_cached_blocks:
+        if self.enable_caching and num_cacheable // self.block_size > request.num_cached_blocks and not (
+                request.status == FINISHED and request.private):   # nobody can ask for those blocks again
             self._cache_full_blocks(request, min(num_cacheable // self.block_size, len(request.block_ids)))
         if request.sw_blocks:    # the sliding groups first (vLLM's group order)
             self._release_sliding(request, len(request.sw_blocks) // self.sliding_groups)

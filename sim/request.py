@@ -70,6 +70,12 @@ class Request:
         self.queue_time = 0.0                # total time spent waiting (first admission and resumes)
 
     @property
+    def private(self) -> bool:
+        """Whether no other request can share a KV block of this one: its prompt is its own text and no
+        later turn quotes it (KVCacheManager leaves such blocks unhashed until a preemption frees them)."""
+        return self.followup is None and len(self.segments) == 1 and self.segments[0][0] == (UNIQUE, self.request_id)
+
+    @property
     def output_content(self) -> tuple:
         """Content id of this request's generated tokens (a later turn may quote them)."""
         return (OUTPUT, self.request_id)

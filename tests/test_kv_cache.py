@@ -1,10 +1,11 @@
 """KV-cache manager: block conservation, vLLM's free-queue order, prefix hits on identical prefixes only."""
+import json
 import random
 
 import pytest
 
 from kernelsight.sim.kv_cache import KVCacheManager, SlidingGroups, request_blocks
-from kernelsight.sim.request import OUTPUT, SHARED_PREFIX, UNIQUE, Request
+from kernelsight.sim.request import FINISHED, OUTPUT, SHARED_PREFIX, UNIQUE, Request
 
 BS = 4
 
@@ -191,7 +192,7 @@ def test_never_used_blocks_go_first_in_id_order_then_the_freed_ones():
     # that drains the never-used ones continues with the freed ones, evicting their hashes in order.
     kv = KVCacheManager(6, BS)
     assert kv.free_order() == [0, 1, 2, 3, 4, 5]
-    a, b = req(1, [((UNIQUE, 1), 8)]), req(2, [((UNIQUE, 2), 4)])
+    a, b = req(1, [((SHARED_PREFIX, 1), 8)]), req(2, [((UNIQUE, 2), 4)])   # a's blocks are cached when allocated
     admit(kv, a)
     admit(kv, b)
     assert a.block_ids == [0, 1] and b.block_ids == [2]
@@ -329,3 +330,55 @@ def test_a_refused_admission_with_a_prefix_hit_leaves_no_window_state_behind():
     assert kv.allocate_slots(b, 0, b.prompt_len, b.prompt_len)    # no hit: all 10 blocks in every group
     assert len(b.block_ids) == 10 and len(b.sw_blocks) == 2 * 10 and b.sw_start == 0
     kv.check_invariants()
+
+
+def test_a_private_requests_blocks_are_hashed_only_when_a_preemption_frees_them():
+    # Its prompt is its own text and no later turn quotes it: only itself, after a preemption, can hit its blocks
+    kv = KVCacheManager(16, BS)
+    a = req(1, [((UNIQUE, 1), 12)])
+    assert a.private and not req(2, [((SHARED_PREFIX, 7), 4), ((UNIQUE, 2), 8)]).private
+    admit(kv, a)
+    assert kv.block_hash[:3] == [None] * 3 and kv.get_computed_blocks(a, 12) == []
+    kv.free(a, 12)                          # preempted: freed with 12 computed tokens, its 3 blocks cached
+    a.num_preemptions += 1
+    assert admit(kv, a) == 8                # its own first two blocks hit (the last prompt token is recomputed)
+    kv.check_invariants()
+    a.status = FINISHED
+    kv.free(a, 12)
+    b = req(3, [((UNIQUE, 3), 4)])
+    b.status = FINISHED
+    admit(kv, b)
+    held = list(b.block_ids)
+    kv.free(b, 4)                           # finished: never hashed (nobody can ask for it)
+    assert held and all(kv.block_hash[x] is None for x in held)
+    kv.check_invariants()
+
+
+@pytest.mark.parametrize("blocks", [2000, 140])   # 140 blocks: preemptions, private requests hit their own blocks
+def test_leaving_private_blocks_unhashed_changes_no_result(monkeypatch, blocks):
+    from kernelsight.sim.engine import Engine, build_replicas
+    from kernelsight.sim.pricing import StepTime
+    from kernelsight.sim.scheduler import SchedulerConfig
+    from kernelsight.sim.workload import Workload, WorkloadConfig
+
+    class Linear:
+        def step_time(self, batch):
+            gpu = 0.006 + 4e-5 * batch.num_tokens
+            return StepTime(gpu, 0.001, gpu + 0.001)
+
+    def simulate():
+        cfg = SchedulerConfig(max_num_batched_tokens=512, max_num_seqs=64, block_size=16)
+        w = Workload(WorkloadConfig.from_config({"name": "poisson", "arrival": "poisson", "request_rate": 40.0,
+                                                 "input": {"dist": "lognormal", "mean": 300, "sigma": 0.8,
+                                                           "max": 1500},
+                                                 "output": {"dist": "lognormal", "mean": 120, "sigma": 0.8,
+                                                            "max": 600}}))
+        engine = Engine(build_replicas(1, cfg, blocks, Linear))
+        return engine.run(w.requests(400, 3))
+
+    fast = simulate()
+    monkeypatch.setattr(Request, "private", property(lambda self: False))   # every block hashed as vLLM does
+    every = simulate()
+    assert json.dumps(fast, sort_keys=True) == json.dumps(every, sort_keys=True)   # bit for bit, NaN too
+    assert (fast["preemptions"] > 0) == (blocks == 140)
+    assert (fast["prefix_cache_hit_rate"] > 0) == (blocks == 140)   # only re-admitted requests hit
