@@ -446,6 +446,31 @@ def test_ctrl_c_here_kills_and_reaps_the_child(tmp_path, forked):
     assert_reaped(forked)
 
 
+def test_both_ends_run_while_the_central_run_does(tmp_path, forked):
+    import time
+
+    from kernelsight.sim.run import interval_ends
+
+    def band(name, offset):
+        def run():
+            (tmp_path / name).write_text("started")
+            return band_ends(offset)
+        return run
+
+    def central():  # returns once both children have started: they run beside it, not after it
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if (tmp_path / "p10").exists() and (tmp_path / "p90").exists():
+                return "both ends started"
+            time.sleep(0.01)
+        return "alone"
+
+    assert interval_ends(central, [band("p10", 0.25), band("p90", 0.5)], parallel=True) == (
+        "both ends started", [band_ends(0.25), band_ends(0.5)])
+    assert len(forked) == 2
+    assert_reaped(forked)
+
+
 def test_one_cpu_runs_the_interval_ends_one_after_the_other(monkeypatch):
     from kernelsight.sim import run as sim_run
 
