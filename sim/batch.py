@@ -18,6 +18,8 @@ class StepBatch:
     dp_tokens: tokens the step's forward pass runs at when attention data-parallel ranks step together
         (engine.LockstepGroup: the largest rank's count when vLLM pads every rank to it; a rank with
         nothing scheduled runs a dummy batch of dp_tokens and no sequence); 0: its own tokens.
+    moe_tokens: tokens each MoE layer gathers from all attention data-parallel ranks when they run
+        unpadded (their sum); 0: the forward's tokens times the ranks (equal or padded batches).
     """
 
     prefill_new: tuple = ()
@@ -25,6 +27,7 @@ class StepBatch:
     decode_ctx: tuple = ()
     prefill_sampled: int = 0
     dp_tokens: int = 0
+    moe_tokens: int = 0
 
     def __post_init__(self):
         if len(self.prefill_new) != len(self.prefill_ctx):

@@ -106,8 +106,8 @@ class LockstepGroup:
     """Attention data-parallel ranks of one replica (vLLM's --data-parallel-size on a MoE model): each has its
     own scheduler and KV pool, and all run every step together, because each MoE layer gathers every rank's
     tokens; a rank with nothing scheduled runs a dummy batch while any rank has work. When every rank's batch
-    fits a CUDA graph, vLLM pads each rank's forward pass to the largest rank's token count (otherwise all run
-    eagerly, each its own tokens; the model graph prices a MoE layer at a rank's tokens times the ranks).
+    fits a CUDA graph, vLLM pads each rank's forward pass to the largest rank's token count; otherwise all run
+    eagerly, each its own tokens, and each MoE layer takes the sum of the ranks' (StepBatch.moe_tokens).
     The step ends with the slowest rank's.
     The group keeps the one step pipeline its ranks share (Replica's host, stage and in-flight fields)."""
 
@@ -352,8 +352,11 @@ class Engine:
         # vLLM (v1 worker dp_utils): the ranks agree on the least CUDA-graph mode any of them can run; with
         # graphs every rank is padded to the largest token count, eagerly each runs its own (a dummy: 1 token)
         own = [s.batch if s is not None else StepBatch(dp_tokens=1) for s in steps]
-        pad = tokens if all(pricer.graphed(b) for b in own) else 0
-        batches = [replace(b, dp_tokens=max(pad, b.dp_tokens)) for b in own] if pad else own
+        if all(pricer.graphed(b) for b in own):
+            batches = [replace(b, dp_tokens=tokens) for b in own]
+        else:  # each MoE layer gathers what the ranks run
+            gathered = sum(b.forward_tokens for b in own)
+            batches = [replace(b, moe_tokens=gathered) for b in own]
         if acc is not None:
             parts = [pricer.breakdown(b) for b in batches]
             times = [(p["gpu_s"], p["host_s"]) for p in parts]

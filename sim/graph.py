@@ -50,6 +50,17 @@ __all__ = ["KernelCall", "step_kernels", "token_kernels", "sampled_kernels", "at
            "prefill_call", "chunk_rows", "decode_mean_kv", "flat_attention_kernels", "flat_kv_tokens"]
 
 
+# Token-wise families whose kernels take the tokens of every attention data-parallel rank (the fused experts,
+# and with attention_dp > 1 their dispatch all-gather and combine reduce-scatter): graphs/common.moe_kernels.
+GATHERED_FAMILIES = ("moe", "allgather", "reducescatter")
+
+
+def gathered_rank_tokens(batch: StepBatch, par: ParallelConfig) -> int:
+    """The per-rank token count at which the token-wise kernels of GATHERED_FAMILIES price batch.moe_tokens
+    (moe_kernels takes a rank's tokens times the ranks); 0 when the batch has none."""
+    return -(-batch.moe_tokens // par.attention_dp) if batch.moe_tokens and par.attention_dp > 1 else 0
+
+
 def step_kernels(model: ModelConfig, batch: StepBatch, par: ParallelConfig, engine: EngineProfile,
                  padded_tokens: int | None = None) -> list[KernelCall]:
     """Every kernel of one step; padded_tokens: the CUDA-graph size token-wise kernels run at."""
@@ -59,7 +70,12 @@ def step_kernels(model: ModelConfig, batch: StepBatch, par: ParallelConfig, engi
         phase = "mixed"
     else:
         phase = "prefill" if batch.num_prefill_tokens else "decode"
-    calls = [_with_phase(c, phase) for c in token_kernels(model, par, engine, tokens, s)]
+    token_calls = token_kernels(model, par, engine, tokens, s)
+    gathered = gathered_rank_tokens(batch, par)
+    if gathered:   # the MoE layers at every rank's tokens
+        token_calls = [c for c in token_calls if c.family not in GATHERED_FAMILIES] + [
+            c for c in token_kernels(model, par, engine, gathered, s) if c.family in GATHERED_FAMILIES]
+    calls = [_with_phase(c, phase) for c in token_calls]
     calls += attention_kernels(model, par, engine, batch, s)
     if batch.num_sampled:
         sphase = "mixed" if batch.prefill_sampled and batch.decode_ctx else (

@@ -53,8 +53,8 @@ from kernelsight.predictor.predict import column_key
 
 from .batch import StepBatch
 from .engine_profile import EngineProfile
-from .graph import (KernelCall, chunk_rows, decode_call, decode_mean_kv, flat_attention_kernels, flat_kv_tokens,
-                    prefill_call, sampled_kernels, step_kernels, token_kernels)
+from .graph import (GATHERED_FAMILIES, KernelCall, chunk_rows, decode_call, decode_mean_kv, flat_attention_kernels,
+                    flat_kv_tokens, gathered_rank_tokens, prefill_call, sampled_kernels, step_kernels, token_kernels)
 from .model import AttentionKind, ModelConfig
 from .parallel import ParallelConfig, shard
 from .vllm_allreduce import MeasuredAllReduce, measured_allreduce
@@ -151,6 +151,8 @@ class StepPricer:
         token_calls = token_kernels(model, parallel, engine, np.arange(1, self.max_tokens + 1), self.shard)
         sampled_calls = sampled_kernels(model, parallel, np.arange(1, engine.scheduler.max_num_seqs + 1), self.shard)
         self.families = list(dict.fromkeys(c.family for c in token_calls + sampled_calls))
+        self._gathered_rows = [(name, i) for i, name in enumerate(self.families)
+                               if name in GATHERED_FAMILIES and any(c.family == name for c in token_calls)]
         # Token-wise table: priced in blocks of TOKEN_BLOCK token counts as steps first need them (a run
         # touches few sizes; every row is priced on its own, so a block equals that part of the whole table).
         self._tok = np.zeros((len(self.families), self.max_tokens + 1))
@@ -202,6 +204,8 @@ class StepPricer:
         else:
             try:  # the tables end at the scheduler's limits; checked here, off the step loop's path
                 kernel_s = self._token_s(run_tokens) + self._sampled_s(batch.num_sampled)
+                if batch.moe_tokens:
+                    kernel_s += sum(delta for _, delta in self._gathered(batch, run_tokens))
             except IndexError:
                 sched = self.engine.scheduler
                 raise KernelsightError(f"a step of {batch.num_tokens} tokens and {batch.num_sampled} sampled "
@@ -228,6 +232,12 @@ class StepPricer:
         family, phase = out["family"], out["phase"]
         tok, smp = self._token_s(run_tokens), self._sampled_s(sampled)
         family.update(self._fixed_families(run_tokens, sampled))
+        gathered_j = ()
+        if batch.moe_tokens:
+            for name, delta in self._gathered(batch, run_tokens):
+                family[name] = family.get(name, 0.0) + delta
+                tok += delta
+            gathered_j = self._gathered(batch, run_tokens, joules=True)
         phase["prefill"] += tok * prefill_share + smp * sampled_share
         phase["decode"] += tok * (1 - prefill_share) + smp * (1 - sampled_share)
         prefill_s, decode_s, prefill_j, decode_j = self._attention(batch, joules=self.power is not None)
@@ -243,16 +253,19 @@ class StepPricer:
             for key in phase:
                 phase[key] += launch * phase[key] / kernel_s
         if self.power is not None:
-            out["energy"] = self._energy(run_tokens, sampled, launch, (prefill_s, decode_s), (prefill_j, decode_j))
+            out["energy"] = self._energy(run_tokens, sampled, launch, (prefill_s, decode_s), (prefill_j, decode_j),
+                                         gathered_j)
         out["gpu_s"], out["host_s"], out["total_s"] = gpu_s, host_s, total_s
         return out
 
     def _energy(self, run_tokens: int, sampled: int, launch_s: float, attention_s: tuple,
-                attention_j: tuple) -> dict:
+                attention_j: tuple, gathered_j: tuple = ()) -> dict:
         """Joules per family of a step's kernels on one GPU (breakdown()'s families; attention_s and
-        attention_j: its (prefill, decode) attention seconds and joules), launch waiting at the idle GPU's
-        power."""
+        attention_j: its (prefill, decode) attention seconds and joules; gathered_j: _gathered's joules),
+        launch waiting at the idle GPU's power."""
         energy = dict(self._fixed_families(run_tokens, sampled, joules=True))
+        for name, delta in gathered_j:
+            energy[name] = energy.get(name, 0.0) + delta
         for name, seconds, joules in zip(self.attention_families, attention_s, attention_j):
             if seconds:
                 energy[name] = energy.get(name, 0.0) + joules
@@ -397,6 +410,16 @@ class StepPricer:
         if row is None:
             row = cache[size] = tuple((name, float(x)) for name, x in zip(self.families, table[:, size]) if x)
         return row
+
+    def _gathered(self, batch: StepBatch, run_tokens: int, joules: bool = False) -> tuple:
+        """(family, seconds or joules to add) of the token table's GATHERED_FAMILIES when the step's MoE layers
+        take batch.moe_tokens rather than run_tokens x attention_dp (graph.step_kernels' rule)."""
+        tokens = gathered_rank_tokens(batch, self.parallel)
+        if not tokens or tokens == run_tokens:
+            return ()
+        self._token_s(tokens)   # its block priced
+        table = self._tok_j if joules else self._tok
+        return tuple((name, float(table[i, tokens] - table[i, run_tokens])) for name, i in self._gathered_rows)
 
     def graphed(self, batch: StepBatch) -> bool:
         """Whether the step runs as a CUDA graph (full or piecewise)."""

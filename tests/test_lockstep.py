@@ -2,6 +2,7 @@
 model: a rank with nothing scheduled runs a dummy batch, and where every rank's batch fits a CUDA graph all are
 padded to the largest rank's tokens."""
 import warnings
+from dataclasses import replace
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -106,10 +107,20 @@ def moe_setup(*overrides, attention_dp=2):
 
 def test_a_dummy_or_padded_batch_is_priced_by_its_tables_as_kernel_by_kernel():
     pricer = moe_setup().pricer
+    prompt = StepBatch(prefill_new=(600,), prefill_ctx=(0,), prefill_sampled=1)   # beyond CUDA graphs: eager
     for batch in (StepBatch(dp_tokens=1), StepBatch(dp_tokens=40), StepBatch(decode_ctx=(900,) * 3, dp_tokens=48),
-                  StepBatch(prefill_new=(30,), prefill_ctx=(0,), prefill_sampled=1, dp_tokens=200)):
+                  StepBatch(prefill_new=(30,), prefill_ctx=(0,), prefill_sampled=1, dp_tokens=200),
+                  replace(prompt, moe_tokens=601), StepBatch(dp_tokens=1, moe_tokens=601)):
         tables, exact = pricer.step_time(batch), pricer.step_time(batch, exact=True)
         assert tables.gpu_s == pytest.approx(exact.gpu_s, rel=5e-3), batch
+        parts = pricer.breakdown(batch)
+        assert sum(parts["family"].values()) == pytest.approx(parts["gpu_s"], rel=1e-9)
+        assert parts["gpu_s"] == pytest.approx(tables.gpu_s, rel=1e-12)
+    # run eagerly beside a dummy batch, the prompt's MoE layers take 601 tokens, not 2 x 600 as equal batches would
+    assert pricer.step_time(replace(prompt, moe_tokens=601)).gpu_s < pricer.step_time(prompt).gpu_s
+    moe = {k.call.name: k.call.cols["tokens"] for k in pricer.kernels(replace(prompt, moe_tokens=601))
+           if k.call.family == "moe"}
+    assert moe and set(moe.values()) == {602}   # each rank's share rounded up: ceil(601 / 2) x 2
     own = pricer.step_time(StepBatch(decode_ctx=(900,) * 3))
     assert pricer.step_time(StepBatch(decode_ctx=(900,) * 3, dp_tokens=48)).gpu_s > own.gpu_s
     assert pricer.kernels(StepBatch(dp_tokens=8)) and not any(
@@ -136,7 +147,6 @@ def test_ranks_in_phase_run_as_one_group_would_and_out_of_phase_they_pay_for_pad
 
 
 def run_closed(setup, clients: int) -> dict:
-    from dataclasses import replace
     workload = fixed(512, 32, clients)
     setup = replace(setup, workload=workload)
     return run(setup, 3 * clients, seed=0, breakdown=False).summary
