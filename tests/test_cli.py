@@ -162,3 +162,29 @@ def test_a_group_choice_given_as_a_file(run_cli, tmp_path, monkeypatch):
     code, out, err = run_cli(["roofline", f"model={tmp_path}/missing.json"], cwd=tmp_path)
     assert code == 2 and err.strip() == f"kernelsight: error: model={tmp_path}/missing.json: no such file (nor a folder " \
                                         f"with a config.json)"
+
+
+def test_every_example_of_the_readmes_config_groups_composes():
+    """Each `e.g.` of the README's config-group table is a setting a user will paste: it must compose."""
+    import re
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    from kernelsight.predictor.paths import conf_dir
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = text[text.index("## Config groups"):]
+    table = table[:table.index("\n## ", 3)]
+    examples = []
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        group = re.fullmatch(r"`(\w+)=`", cells[0]) if cells else None
+        if group and len(cells) >= 3:
+            for example in re.findall(r"`([^`]+)`", cells[2]):
+                overrides = example.split() if "=" in example else [f"{group[1]}={example}"]
+                examples.append(("bench" if group[1] == "sweep" else "simulate", overrides))
+    assert len(examples) >= 12
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        for config, overrides in examples:
+            compose(config_name=config, overrides=overrides)   # a bad example raises here, naming itself
