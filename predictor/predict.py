@@ -128,7 +128,8 @@ class Predictor:
     at that end of the interval.
     memo: keep every prediction of a mapping of columns and give it back for the same columns (read-only
     arrays), for callers that price the same kernels again; with_band shares it, since the predictions of
-    the other bands come with it (the runs at the ends of the intervals price the central run's tables).
+    the other bands come with it (runs at the ends of the intervals after the central run in one process
+    price from its predictions).
     """
 
     def __init__(self, hardware: Hardware | str, tier: str = "auto", bundle=None, band: str | None = None,

@@ -639,14 +639,13 @@ def build_replicas(num_replicas: int, sched_config: SchedulerConfig, num_blocks:
                    lockstep: int = 1) -> list[Replica]:
     """Identical replicas, each with its own KV pool (num_blocks usable blocks, shared with the sliding-window
     groups `sliding` if any) and pricer; lockstep > 1: each run of that many consecutive replicas is one
-    LockstepGroup (attention data-parallel ranks; they share one pricer)."""
+    LockstepGroup (attention data-parallel ranks, priced by the first one's pricer)."""
     if lockstep < 1 or num_replicas % lockstep:
         raise KernelsightError(f"{num_replicas} replicas do not form lockstep groups of {lockstep}")
     replicas = []
     for i in range(num_replicas):
         kv = KVCacheManager(num_blocks, sched_config.block_size, sched_config.enable_prefix_caching, sliding)
-        pricer = make_pricer() if i % lockstep == 0 else replicas[-1].pricer
-        replicas.append(Replica(i, Scheduler(sched_config, kv), pricer, pipeline_parallel_size))
+        replicas.append(Replica(i, Scheduler(sched_config, kv), make_pricer(), pipeline_parallel_size))
     if lockstep > 1:
         for i in range(0, num_replicas, lockstep):
             LockstepGroup(replicas[i:i + lockstep])

@@ -237,7 +237,8 @@ class StepPricer:
             for name, delta in self._gathered(batch, run_tokens):
                 family[name] = family.get(name, 0.0) + delta
                 tok += delta
-            gathered_j = self._gathered(batch, run_tokens, joules=True)
+            if self.power is not None:
+                gathered_j = self._gathered(batch, run_tokens, joules=True)
         phase["prefill"] += tok * prefill_share + smp * sampled_share
         phase["decode"] += tok * (1 - prefill_share) + smp * (1 - sampled_share)
         prefill_s, decode_s, prefill_j, decode_j = self._attention(batch, joules=self.power is not None)

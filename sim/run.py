@@ -345,10 +345,11 @@ def interval_ends(central, runs, parallel: bool | None = None) -> tuple:
     """
     if parallel is None:
         parallel = hasattr(os, "fork") and usable_cpus() >= 2
-    children = [_fork(band) for band in runs] if parallel else [None] * len(runs)
+    children: list = []   # filled inside the try: a Ctrl-C between two forks still reaps the first
     messages: list = [None] * len(runs)
     statuses: list = [None] * len(runs)
     try:
+        children.extend(_fork(band) if parallel else None for band in runs)
         start = time.monotonic()
         result = central()
         deadline = time.monotonic() + max(CHILD_GRACE_S, 2 * (time.monotonic() - start))
