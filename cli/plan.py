@@ -330,12 +330,12 @@ def _pareto_png(path: Path, probes: list[dict], rows: dict, settings: PlanSettin
                 if (rows[q["key"]]["gpu"], name) != shown:
                     shown = (rows[q["key"]]["gpu"], name)
                     ax.annotate(name, (x, y), fontsize=7, xytext=(4, -10), textcoords="offset points")
+            ax.legend(fontsize=8)
         else:
             ax.text(0.5, 0.5, "no load met the SLOs", ha="center", transform=ax.transAxes)
         ax.set_xlabel(f"TPOT {p} (ms)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
     fig.suptitle(f"{settings.model.name}: {settings.slo.describe()}")
     fig.tight_layout()
     save_figure(fig, path, "output_dir", dpi=110)

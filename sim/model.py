@@ -41,7 +41,8 @@ from .quantization import checkpoint_formats
 from .schema import Spec, check
 
 DENSE_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Qwen2ForCausalLM",
-               "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Phi3ForCausalLM")
+               "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Phi3ForCausalLM",
+               "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM", "Glm4ForCausalLM")
 GEMMA3_ARCHS = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 # transformers' Gemma3TextConfig defaults: the published Gemma-3 configs leave most fields out (vLLM reads them
 # through transformers, which fills these in).
@@ -51,10 +52,20 @@ _GEMMA3_TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediat
                          "tie_word_embeddings": True, "sliding_window": 4096, "sliding_window_pattern": 6}
 MOE_ARCHS = ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "MiniMaxM2ForCausalLM",
              "GptOssForCausalLM", "Glm4MoeForCausalLM", "Llama4ForConditionalGeneration", "DeepseekV3ForCausalLM",
-             "DeepseekV2ForCausalLM", "Ernie4_5_MoeForCausalLM")
+             "DeepseekV2ForCausalLM", "Ernie4_5_MoeForCausalLM", "GraniteMoeForCausalLM",
+             "GraniteMoeSharedForCausalLM", "OlmoeForCausalLM")
 MLA_ARCHS = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
-# Architectures whose attention bias is on q, k and v only (o_proj has none): vLLM's Qwen2, Qwen2-MoE, GLM-4.5.
-QKV_BIAS_ONLY = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM")
+# Architectures whose attention bias is on q, k and v only (o_proj has none): vLLM's Qwen2, Qwen2-MoE, GLM-4.5,
+# GLM-4-0414, Seed-OSS.
+QKV_BIAS_ONLY = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM", "Glm4ForCausalLM",
+                 "SeedOssForCausalLM")
+# Architectures vLLM builds without any attention bias, whatever the config says (OLMo-2/3, OLMoE, Granite-MoE).
+NO_ATTENTION_BIAS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM", "GraniteMoeForCausalLM",
+                     "GraniteMoeSharedForCausalLM")
+# Architectures whose q and k are RMS-normed over the whole projection after an all-gather of every TP rank's
+# heads (vLLM's OLMo-2/3 and OLMoE _apply_qk_norm): qk_norm 'gathered'.
+GATHERED_QK_NORM = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")
+GRANITE_ARCHS = ("GraniteForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM")
 # Architectures vLLM does not serve in fp16 (numerical instability): fp32 on a GPU without bf16.
 FP16_UNSTABLE = ("Gemma2ForCausalLM", *GEMMA3_ARCHS)
 SUPPORTED_ARCHS = DENSE_ARCHS + MOE_ARCHS
@@ -81,7 +92,9 @@ NOT_MODELLED = {
 WEIGHT_DTYPES = tuple(FORMATS)
 KV_DTYPES = ("bf16", "fp16", "fp8")
 SLIDING_LAYERS = ("none", "all", "even")  # even: layers 0, 2, 4, ... (Gemma-2's and gpt-oss's interleaving)
-QK_NORMS = ("none", "head", "projection")  # RMSNorm of q and k per head (Qwen3) or over the whole projection
+# RMSNorm of q and k per head (Qwen3), over the whole projection (MiniMax-M2: the sums of squares all-reduced
+# under TP), or over the whole projection all-gathered from every TP rank (OLMo-2)
+QK_NORMS = ("none", "head", "projection", "gathered")
 SCORINGS = ("softmax", "sigmoid")
 #: Linear layers whose weight format can differ: attention input projections (q/k/v, or MLA's q_a, q_b,
 #: kv_a, kv_b), attention output (o_proj), dense MLP, routed experts, shared experts.
@@ -356,7 +369,7 @@ class ModelConfig:
         else:
             q, kv = self.heads * hd, self.kv_heads * hd
             bias = (q + 2 * kv + (h if self.architecture not in QKV_BIAS_ONLY else 0)) if self.attention_bias else 0
-            qk_norm = {"none": 0, "head": 2 * hd, "projection": q + kv}[self.qk_norm]
+            qk_norm = {"none": 0, "head": 2 * hd, "projection": q + kv, "gathered": q + kv}[self.qk_norm]
             if self.architecture == "Llama4ForConditionalGeneration":
                 qk_norm = 0  # an RMSNorm without weight
             parts += [WeightPart("attn_q", n_layers * h * q, attn, "tp"),
@@ -667,9 +680,13 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
     rotary_dim = None
     if arch == "Glm4MoeForCausalLM":  # vLLM: per-head q/k RMSNorm when use_qk_norm; RoPE on a share of head_dim
         qk_norm = "head" if get("use_qk_norm", "bool", default=False) else "none"
-    if arch in ("Glm4MoeForCausalLM", "LlamaForCausalLM", "Phi3ForCausalLM"):
-        # vLLM's Llama attention (Phi-3's too) rotates partial_rotary_factor of each head (Phi-4-mini: 0.75)
-        factor = get("partial_rotary_factor", "positive", default=0.5 if arch == "Glm4MoeForCausalLM" else 1.0)
+    elif arch in GATHERED_QK_NORM:
+        qk_norm = "gathered"
+    if arch in ("Glm4MoeForCausalLM", "Glm4ForCausalLM", "LlamaForCausalLM", "Phi3ForCausalLM"):
+        # vLLM's Llama attention (Phi-3's too) rotates partial_rotary_factor of each head (Phi-4-mini: 0.75); GLM's
+        # half of it unless the config says otherwise
+        factor = get("partial_rotary_factor", "positive",
+                     default=0.5 if arch in ("Glm4MoeForCausalLM", "Glm4ForCausalLM") else 1.0)
         rotary_dim = int(head_dim * factor)
         if factor > 1 or rotary_dim < 2 or rotary_dim % 2:
             get.fail("partial_rotary_factor", f"{factor} x head_dim {head_dim} must give an even number of dims "
@@ -701,15 +718,15 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
         vocab=get("vocab_size", "pos"),
         max_position=max_position,
         derived_max_model_len=None if derived == max_position else derived,
-        tied_embeddings=get("tie_word_embeddings", "bool", default=top("tie_word_embeddings", "bool", default=False)
-                            if wrapper else arch == "Gemma2ForCausalLM"),
+        tied_embeddings=arch != "OlmoeForCausalLM" and get(  # vLLM's OLMoE never ties its LM head
+            "tie_word_embeddings", "bool", default=top("tie_word_embeddings", "bool", default=False)
+            if wrapper else arch == "Gemma2ForCausalLM"),
         norm="rms",
         activation=_HF_ACTIVATIONS[act_name],
         qk_norm=qk_norm,
-        attention_bias=arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM") or get(
-            "use_bias" if arch == "Ernie4_5_MoeForCausalLM" else "attention_bias", "bool", default=False),
+        attention_bias=_hf_attention_bias(get, arch),
         attention_sinks=arch == "GptOssForCausalLM",
-        sandwich_norms=arch in ("Gemma2ForCausalLM", *GEMMA3_ARCHS),
+        sandwich_norms=arch in ("Gemma2ForCausalLM", *GEMMA3_ARCHS, "Glm4ForCausalLM"),
         logit_softcap=get("final_logit_softcapping", "number", default=0.0),
         sliding_window=window,
         sliding_layers=sliding_layers,
@@ -730,6 +747,19 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
         raise KernelsightError(f"{modelopt_source}: expected a JSON object at the top level")
     formats, kv = checkpoint_formats(model, quant, None if modelopt is None else HfReader(modelopt, modelopt_source))
     return _with_formats(model, formats, kv)
+
+
+def _hf_attention_bias(get: HfReader, arch: str) -> bool:
+    """Whether vLLM builds the attention projections with a bias (QKV_BIAS_ONLY: q, k and v only)."""
+    if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "SeedOssForCausalLM"):
+        return True
+    if arch in NO_ATTENTION_BIAS:
+        return False
+    if arch == "Ernie4_5_MoeForCausalLM":
+        return get("use_bias", "bool", default=False)
+    if arch == "GraniteForCausalLM" and get.raw("attention_bias") is None:
+        return get("bias", "bool", default=False)
+    return get("attention_bias", "bool", default=False)
 
 
 def _with_formats(model: ModelConfig, formats: dict, kv: str) -> ModelConfig:
@@ -851,7 +881,7 @@ _LAYER_TYPES = {"sliding_attention": True, "full_attention": False}
 
 def _hf_sliding(get: HfReader, arch: str, layers: int) -> tuple[int, str, int]:
     """(sliding window, sliding_layers, full_every) as vLLM reads the config."""
-    window = get("sliding_window", "nonneg", default=0)
+    window = get("sliding_window", "nonneg", default=4096 if arch == "Olmo3ForCausalLM" else 0)
     if arch == "Gemma2ForCausalLM":
         return (window or 4096), "even", 0
     if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
@@ -859,13 +889,19 @@ def _hf_sliding(get: HfReader, arch: str, layers: int) -> tuple[int, str, int]:
             raise KernelsightError(f"{get.source}: use_sliding_window = true (sliding window from max_window_layers "
                                    f"on) is not supported")
         return 0, "none", 0
+    if arch in GRANITE_ARCHS and get.raw("layer_types") is not None:
+        raise KernelsightError(f"{get.source}: field {get.prefix + 'layer_types'!r}: Granite's per-layer sliding "
+                               f"windows, RoPE bases and attention sinks are not modelled")
     if arch in ("LlamaForCausalLM", "MiniMaxM2ForCausalLM", "Llama4ForConditionalGeneration",
-                "DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "Glm4MoeForCausalLM"):
+                "DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "Glm4MoeForCausalLM", "Glm4ForCausalLM",
+                "Olmo2ForCausalLM", "OlmoeForCausalLM", "SeedOssForCausalLM"):
         return 0, "none", 0  # vLLM passes these no window (MiniMax-M2's attention takes none from its config)
-    if arch in ("GptOssForCausalLM", *GEMMA3_ARCHS):
+    if arch in ("GptOssForCausalLM", "Olmo3ForCausalLM", *GEMMA3_ARCHS):
         types = get.raw("layer_types")
         if types is None and arch == "GptOssForCausalLM":  # transformers' default: sliding on even layers
             types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+        elif types is None and arch == "Olmo3ForCausalLM":  # Olmo3Config's default: every 4th layer global
+            types = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(layers)]
         elif types is None:  # Gemma-3: every sliding_window_pattern-th layer global, the others sliding
             every = get("sliding_window_pattern", "pos")
             types = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
@@ -949,11 +985,15 @@ def _hf_moe(get: HfReader, arch: str, layers: int) -> tuple[MoeConfig | None, in
             get.fail("moe_layer_start_index", f"exceeds num_hidden_layers = {layers}")
         if moe["first_dense"] or moe["every"] > 1:
             intermediate = get("intermediate_size", "pos")
-    elif arch in ("MixtralForCausalLM", "MiniMaxM2ForCausalLM", "GptOssForCausalLM"):
+    elif arch in ("MixtralForCausalLM", "MiniMaxM2ForCausalLM", "GptOssForCausalLM", *GRANITE_ARCHS):
         experts_key, width_key = "num_local_experts", "intermediate_size"
         if arch == "MiniMaxM2ForCausalLM":
             moe["scoring"] = get("scoring_func", "str", default="softmax")
         moe["bias"] = arch == "GptOssForCausalLM"
+        if arch == "GraniteMoeSharedForCausalLM":  # vLLM's shared_mlp beside the experts, in every layer
+            moe["shared_intermediate"] = get("shared_intermediate_size", "nonneg", default=0)
+    elif arch == "OlmoeForCausalLM":  # softmax top-k of num_experts, each intermediate_size wide, every layer
+        experts_key, width_key = "num_experts", "intermediate_size"
     elif arch in ("Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM"):
         if get.raw("mlp_only_layers"):
             get.fail("mlp_only_layers", "dense layers at listed positions are not modelled (decoder_sparse_step "

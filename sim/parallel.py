@@ -158,6 +158,9 @@ def shard(model: ModelConfig, par: ParallelConfig) -> Shard:
                  f"scale blocks: vLLM refuses this layout; split the experts instead (ep={par.moe_group})")
         if model.moe.shared_intermediate % tp:
             fail(f"tp={tp} does not divide the shared-expert width {model.moe.shared_intermediate}")
+        if model.qk_norm == "gathered" and tp > 1 and par.attention_dp > 1:
+            fail(f"attention_dp={par.attention_dp}: the q/k norm's TP all-gathers beside attention data "
+                 f"parallelism are not modelled (use tp=1 per attention group)")
         experts, moe_width = model.moe.experts // par.ep, model.moe.intermediate // par.moe_tp
     elif par.ep > 1 or par.attention_dp > 1:
         fail(f"ep={par.ep}, attention_dp={par.attention_dp}: expert and attention-data parallelism need a "

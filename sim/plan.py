@@ -30,10 +30,11 @@ from dataclasses import asdict, dataclass, field, replace
 from itertools import product
 from typing import Any, Callable, Iterable, Mapping
 
-from kernelsight.predictor.errors import KernelsightError
+from kernelsight.predictor.errors import KernelsightError, whole_number
 from kernelsight.predictor.hardware import Hardware, load_hardware
 from kernelsight.predictor.predict import Predictor
 
+from .context import MIN_MAX_MODEL_LEN
 from .engine_profile import EngineProfile, vllm_batch_defaults
 from .kv_cache import request_blocks
 from .model import KV_DTYPES, ModelConfig
@@ -272,13 +273,16 @@ class PlanSettings:
     seed: int = 0
     tier: str = "auto"
     bundle: Any = None
-    max_model_len: int | None = None
+    max_model_len: int | None = None   # capped at the model's context (a planner's length limit, not a request)
 
     def __post_init__(self):
         if not 0 < self.tolerance < 1:
             raise KernelsightError(f"search.tolerance={self.tolerance}: a relative width in (0, 1), e.g. 0.1")
         if isinstance(self.num_requests, bool) or not isinstance(self.num_requests, int) or self.num_requests < 20:
             raise KernelsightError(f"search.num_requests={self.num_requests!r}: at least 20 requests per probe")
+        if self.max_model_len is not None:
+            whole_number(self.max_model_len, "max_model_len", MIN_MAX_MODEL_LEN, hint="null: the model's context")
+            self.max_model_len = min(self.max_model_len, self.model.context_limit)
         self.load = Load.of(self.workload)
         if self.load.kind != "max_concurrency" and self.slo.ttft_ms is None:
             raise KernelsightError("slo.ttft_ms is needed for an open-loop workload: past capacity the queue grows "

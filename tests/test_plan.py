@@ -174,6 +174,16 @@ def test_candidates_that_do_not_fit_are_dropped_before_simulating():
     assert row["status"] == "refused" and "vLLM refuses this layout" in row["reason"]
 
 
+def test_max_model_len_is_capped_at_the_models_context():
+    """plan's max_model_len (8192 by default) is a length limit for every candidate: a model of a shorter
+    context is planned at its own, not refused candidate by candidate."""
+    short = _composed("llama3.1-8b", **{"model.max_position": 4096})
+    assert _settings(short, {"request_rate": 1.0}, max_model_len=8192).max_model_len == 4096
+    assert _settings(short, {"request_rate": 1.0}, max_model_len=2048).max_model_len == 2048
+    with pytest.raises(KernelsightError, match=r"^max_model_len=1: "):
+        _settings(short, {"request_rate": 1.0}, max_model_len=1)
+
+
 def test_closed_loop_load_is_a_number_of_clients(tiny):
     settings = _settings(tiny, {"request_rate": math.inf, "max_concurrency": 8}, slo={"tpot_ms": 3.0})
     assert settings.load == Load("max_concurrency", 8.0)

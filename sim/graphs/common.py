@@ -93,18 +93,27 @@ def qk_norm_kernels(model: ModelConfig, par: ParallelConfig, t, s: Shard, count:
                     dtype: str | None = None) -> list[KernelCall]:
     """RMSNorm of the new q and k rows: per head (Qwen3: each of the heads + kv_heads rows of head_dim), or
     over the whole projection (MiniMax-M2's MiniMaxText01RMSNormTP: q and k normed over all their heads,
-    the per-rank sums of squares of both all-reduced in one fp32 message of 2 values per token under TP)."""
+    the per-rank sums of squares of both all-reduced in one fp32 message of 2 values per token under TP), or
+    'gathered' (OLMo-2's: under TP, q and k each all-gathered from every rank, normed over the whole
+    width on every rank, then split back)."""
     dtype = dtype or model.act_dtype
     hd = model.head_dim
     if model.qk_norm == "head":
         return [KernelCall("qk_norm", "norm", {"tokens": t * (s.heads + s.kv_heads), "hidden": hd, "op": model.norm,
                                                "fused_residual": False, "dtype": dtype}, count)]
-    if model.qk_norm != "projection":
+    if model.qk_norm not in ("projection", "gathered"):
         return []
+    gathered = model.qk_norm == "gathered" and par.tp > 1
+    widths = (("q", model.heads), ("k", model.kv_heads)) if gathered else (("q", s.heads), ("k", s.kv_heads))
     calls = [KernelCall(f"{x}_norm", "norm", {"tokens": t, "hidden": width * hd, "op": model.norm,
                                               "fused_residual": False, "dtype": dtype}, count)
-             for x, width in (("q", s.heads), ("k", s.kv_heads))]
-    if par.tp > 1:
+             for x, width in widths]
+    if gathered:   # nccl-tests' all-gather size: the gathered buffer, every rank's heads
+        calls += [KernelCall(f"{x}_norm_allgather", "allgather",
+                             {"msg_bytes": t * par.tp * rank_heads * hd * nbytes(dtype), "world_size": par.tp,
+                              "link": par.link, "dtype": dtype}, count)
+                  for x, rank_heads in (("q", s.heads), ("k", s.kv_heads))]
+    elif par.tp > 1:
         calls.append(allreduce("qk_norm_allreduce", t * 2, model, par, count, dtype="fp32"))
     return calls
 

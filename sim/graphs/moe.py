@@ -1,4 +1,5 @@
-"""MoE decoders with GQA attention (Mixtral, Qwen2-MoE, Qwen3-MoE, MiniMax-M2, GLM-4.5, ERNIE-4.5): the dense decoder's
+"""MoE decoders with GQA attention (Mixtral, Qwen2-MoE, Qwen3-MoE, MiniMax-M2, GLM-4.5, ERNIE-4.5, OLMoE,
+Granite-MoE): the dense decoder's
 attention, then router, top-k and the fused experts (common.moe_kernels) in every MoE layer, the dense MLP
 in the others (common.ffn_kernels).
 
@@ -19,7 +20,8 @@ from .common import ModelGraph, ffn_kernels, gqa_attention_kernels
 
 
 @register("MixtralForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM", "MiniMaxM2ForCausalLM",
-          "Glm4MoeForCausalLM", "Ernie4_5_MoeForCausalLM")
+          "Glm4MoeForCausalLM", "Ernie4_5_MoeForCausalLM", "GraniteMoeForCausalLM", "GraniteMoeSharedForCausalLM",
+          "OlmoeForCausalLM")
 class MoeDecoder(ModelGraph):
     def layers(self, model, par, engine, t, s):
         return gqa_attention_kernels(model, par, engine, t, s) + ffn_kernels(model, par, engine, t, s)
