@@ -141,6 +141,9 @@ def _file_choice(group: str, value: str, files: dict) -> str | None:
     data = config.as_dict() if hasattr(config, "as_dict") else config  # a HF config read, or the YAML mapping
     name = f"file-{hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:12]}"
     files[(group, name)] = data
+    from .config import FILE_CHOICES
+
+    FILE_CHOICES[(group, name)] = str(path / "config.json" if path.is_dir() else path)
     return name
 
 

@@ -31,14 +31,21 @@ def flag(cfg, key: str) -> bool:
     return value
 
 
+# (group, choice) -> the file the user named, for choices given as a file (cli._file_choice): Hydra composes
+# them from a copy in the user cache, whose name means nothing to the user.
+FILE_CHOICES: dict[tuple[str, str], str] = {}
+
+
 def config_source(group: str) -> str:
-    """conf/<group>/<choice>.yaml of the running Hydra job, for error messages."""
+    """conf/<group>/<choice>.yaml of the running Hydra job (the user's file for a choice given as one), for
+    error messages."""
     try:
         from hydra.core.hydra_config import HydraConfig
 
-        return f"conf/{group}/{HydraConfig.get().runtime.choices[group]}.yaml"
+        choice = HydraConfig.get().runtime.choices[group]
     except (ImportError, ValueError, KeyError):
         return f"{group} config"
+    return FILE_CHOICES.get((group, choice)) or f"conf/{group}/{choice}.yaml"
 
 
 def parallel_config(cfg) -> ParallelConfig:

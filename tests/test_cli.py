@@ -155,6 +155,9 @@ def test_a_group_choice_given_as_a_file(run_cli, tmp_path, monkeypatch):
     code, out, err = run_cli(["roofline", f"model={folder}"], cwd=tmp_path)
     assert code == 0, err
     assert out.startswith("gpt-oss-20b on NVIDIA H100") and "weights mxfp4" in out
+    # a problem found after composing names the user's file, not the copy Hydra composed it from
+    code, out, err = run_cli(["simulate", f"model={folder}", "max_model_len=10000000"], cwd=tmp_path)
+    assert code == 2 and f"(max_position=131072 in {folder / 'config.json'})" in err, err
     yaml_copy = tmp_path / "mine.yaml"
     yaml_copy.write_text((conf_dir() / "model" / "qwen3-8b.yaml").read_text())
     code, out, err = run_cli(["roofline", f"model={yaml_copy}"], cwd=tmp_path)
