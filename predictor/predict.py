@@ -284,11 +284,13 @@ class Predictor:
     def _estimate(self, family: str, cols: Mapping, roof: Mapping) -> dict:
         """η, tier, model label and extrapolated flag for each kernel of one family."""
         n = len(roof["t_roof"])
-        if family == "gemm" and n and (np.asarray(cols["dtype"]) == "fp32").any():
-            # No sweep times fp32 GEMMs (cuBLAS SGEMM on CUDA cores, e.g. MiniMax-M2's fp32 router): the same
-            # shape's bf16 GEMM (cuBLAS as well) as predicted, plus the roofline time fp32 adds to it (twice the
-            # bytes, the CUDA-core rate), as the η of the fp32 roofline.
-            proxy = {**cols, "dtype": np.where(np.asarray(cols["dtype"]) == "fp32", "bf16", cols["dtype"])}
+        half = next((d for d in ("bf16", "fp16") if d in self.hw.supported_dtypes), None)
+        if family == "gemm" and n and half and (np.asarray(cols["dtype"]) == "fp32").any():
+            # No sweep times fp32 GEMMs (cuBLAS SGEMM on CUDA cores, e.g. MiniMax-M2's fp32 router, or a whole
+            # model served in fp32 on a GPU without bf16): the same shape's 16-bit GEMM (cuBLAS as well; fp16
+            # where the GPU has no bf16) as predicted, plus the roofline time fp32 adds to it (twice the bytes,
+            # the CUDA-core rate), as the η of the fp32 roofline. A GPU without either prices them directly.
+            proxy = {**cols, "dtype": np.where(np.asarray(cols["dtype"]) == "fp32", half, cols["dtype"])}
             proxy_roof = roofline_columns(family, proxy, self.hw)
             out = self._estimate(family, proxy, proxy_roof)
             t, t16 = (np.asarray(r["t_roof"], dtype=np.float64) for r in (roof, proxy_roof))

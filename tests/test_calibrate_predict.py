@@ -54,6 +54,16 @@ def test_fp32_gemm_is_the_bf16_gemm_plus_the_roofline_time_fp32_adds():
     extra = res["t_roof"][fp32] - res["t_roof"][bf16]
     assert (extra > 0).all()
     np.testing.assert_allclose(res["seconds"][fp32], res["seconds"][bf16] + extra, rtol=1e-9)
+    # a GPU without bf16 (a model served in fp32 there, Gemma on a V100): its fp16 GEMM is the proxy
+    v100 = Predictor("v100_pcie")
+    res = v100.predict({**shapes, "dtype": np.array(["fp32"] * 3 + ["fp16"] * 3, dtype=object)}, family="gemm")
+    fp16 = bf16   # the same rows, in fp16 here
+    extra = res["t_roof"][fp32] - res["t_roof"][fp16]
+    assert (extra > 0).all()
+    np.testing.assert_allclose(res["seconds"][fp32], res["seconds"][fp16] + extra, rtol=1e-9)
+    # nor fp16 (a P4): priced as fp32 GEMMs directly, no 16-bit peak to borrow
+    p4 = Predictor("p4").predict({**GEMM, "dtype": np.array(["fp32"] * 3, dtype=object)}, family="gemm")
+    assert np.isfinite(p4["seconds"]).all() and (p4["seconds"] > 0).all()
 
 
 def test_explicit_tiers_and_their_errors():
