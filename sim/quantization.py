@@ -188,6 +188,12 @@ _ARCH_MODULES = {
     "MiniMaxM2ForCausalLM": {"experts": ("block_sparse_moe.experts.{e}.w1", "block_sparse_moe.experts.{e}.w2",
                                          "block_sparse_moe.experts.{e}.w3")},
     "GptOssForCausalLM": {"experts": ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")},
+    "Glm4ForCausalLM": {"mlp": ("mlp.gate_up_proj", "mlp.down_proj")},
+    # Granite-MoE stores every expert of a layer in one tensor (input_linear: gate and up, output_linear: down)
+    "GraniteMoeForCausalLM": {"experts": ("block_sparse_moe.input_linear", "block_sparse_moe.output_linear")},
+    "GraniteMoeSharedForCausalLM": {
+        "experts": ("block_sparse_moe.input_linear", "block_sparse_moe.output_linear"),
+        "shared_experts": ("shared_mlp.input_linear", "shared_mlp.output_linear")},
     "Llama4ForConditionalGeneration": {
         "mlp": ("feed_forward.gate_proj", "feed_forward.up_proj", "feed_forward.down_proj"),
         "experts": ("feed_forward.experts.{e}.gate_proj", "feed_forward.experts.{e}.up_proj",

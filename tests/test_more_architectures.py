@@ -131,3 +131,18 @@ def test_olmo3_slides_on_three_layers_of_four():
     assert from_hf({**CARDS["olmo-2-7b"][0], "architectures": ["Olmo3ForCausalLM"], "layer_types": types,
                     "sliding_window": 512}, "o3", "o3/config.json").sliding_layers == "all"
     assert _model("olmo-2-7b", sliding_window=4096).sliding_window == 0   # OLMo-2 has no sliding layers
+
+
+def test_checkpoint_module_names_of_their_quantized_checkpoints():
+    """Exclusion lists name the modules as these checkpoints store them: Granite-MoE's experts of a layer in one
+    tensor pair (block_sparse_moe.input_linear / output_linear), GLM-4's MLP as a merged gate_up_proj."""
+    fp8 = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    granite = _model("granite-3.1-3b-a800m", quantization_config={
+        **fp8, "modules_to_not_convert": ["lm_head", "re:.*block_sparse_moe.*"]})
+    assert (granite.weight_dtype, granite.weight_format("experts")) == ("bf16", "bf16")
+    assert granite.weight_format("attention") == "fp8_block"
+    glm = _model("glm-4-32b-0414", quantization_config={**fp8, "modules_to_not_convert": ["mlp.gate_up_proj",
+                                                                                            "mlp.down_proj"]})
+    assert (glm.weight_format("mlp"), glm.weight_format("attention")) == ("bf16", "fp8_block")
+    with pytest.raises(KernelsightError, match=r"names 61 of the 122 checkpoint modules of component 'mlp'"):
+        _model("glm-4-32b-0414", quantization_config={**fp8, "modules_to_not_convert": ["mlp.gate_up_proj"]})
