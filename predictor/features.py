@@ -160,10 +160,6 @@ def _link_bw(x: FeatureInput) -> np.ndarray:
     return out
 
 
-def _optional_log2(value) -> float | None:
-    return None if not value else float(np.log2(value))
-
-
 LINK_FEATURES = (
     Feature("log2_bus_bytes", "log2 bus bytes per rank (nccl-tests busbw convention)",
             lambda x: _log2(x.roof["bytes"])),
@@ -173,12 +169,11 @@ LINK_FEATURES = (
             lambda x: 1.0 - _alpha(x) / x.roof["t_roof"]),
 )
 
+# The link rates reach the model through the row's path only (hw_log2_link_gbs): the GPU's NVLink and PCIe rates
+# as constants of every row named the GPU (each training GPU has its own pair), so held-out GPUs landed on the
+# nearest training GPU's branch whatever their path (leave-one-GPU-out, docs/experiments.md).
 LINK_HW_FEATURES = (
     Feature("hw_log2_link_gbs", "log2 bus bandwidth bound of the row's link path at its world size in GB/s", lambda x: np.log2(_link_bw(x) / 1e9)),
-    Feature("hw_log2_nvlink_gbs", "log2 NVLink (scale-up) bandwidth per direction, NaN without",
-            lambda x: _const(_optional_log2(x.hw.nvlink_gbs_per_dir), x)),
-    Feature("hw_log2_pcie_gbs", "log2 PCIe bandwidth per direction, NaN for Grace-attached GPUs",
-            lambda x: _const(_optional_log2(x.hw.pcie_gbs_per_dir), x)),
     Feature("hw_log2_mem_bw_gbs", "log2 DRAM bandwidth in GB/s", lambda x: _const(np.log2(x.hw.mem_bw_gbs), x)),
     Feature("hw_num_sms", "SMs (compute units)", lambda x: _const(x.hw.num_sms, x)),
     Feature("hw_clock_ghz", "boost clock in GHz",

@@ -99,13 +99,18 @@ def test_collective_features_by_hand():
     assert f["log2_t_roof_us"] == pytest.approx(math.log2(t * 1e6))
     assert f["bandwidth_share"] == pytest.approx(1 - alpha / t)
     assert f["hw_log2_link_gbs"] == pytest.approx(math.log2(450))
-    assert f["hw_log2_pcie_gbs"] == pytest.approx(6.0)
+    # the GPU's link rates only through the row's path: as per-GPU constants they named the training GPUs
+    assert not {"hw_log2_nvlink_gbs", "hw_log2_pcie_gbs"} & set(f)
+    pcie = _row("allreduce", "cross", msg_bytes=2**30, world_size=4, link="pcie", dtype="bf16")
+    assert pcie["hw_log2_link_gbs"] == pytest.approx(math.log2(64 * (2 / 4) ** 2))  # H100 SXM: no P2P in the catalog
 
 
 def test_unknown_catalog_values_are_nan_not_a_guess():
-    gb200 = load_hardware("gb200")  # Grace-attached: no PCIe host link in the catalog
-    f = _row("allreduce", "cross", hw=gb200, msg_bytes=4096, world_size=4, link="nvlink", dtype="bf16")
-    assert np.isnan(f["hw_log2_pcie_gbs"])
+    from dataclasses import replace
+
+    unclocked = replace(load_hardware("gb200"), boost_clock_mhz=None)
+    f = _row("allreduce", "cross", hw=unclocked, msg_bytes=4096, world_size=4, link="nvlink", dtype="bf16")
+    assert np.isnan(f["hw_clock_ghz"]) and np.isfinite(f["hw_log2_link_gbs"])
 
 
 def test_every_family_has_named_documented_features():
