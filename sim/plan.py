@@ -217,6 +217,7 @@ def candidates(model: ModelConfig, engine: Mapping, space: SearchSpace,
     leave 'auto' take vLLM's defaults on each GPU (hardware: catalog key -> Hardware; None: the catalog's)."""
     sched = engine["scheduler"]
     out = []
+    auto_kv = {}   # per GPU: the KV dtype 'auto' serves there (the model's; fp16 / fp32 where the GPU lacks bf16)
     for gpu, tp, pp, adp, seqs, mbt, kv in product(space.gpus, space.tp, space.pp, space.attention_dp,
                                                    space.max_num_seqs, space.max_num_batched_tokens,
                                                    space.kv_cache_dtype):
@@ -236,7 +237,13 @@ def candidates(model: ModelConfig, engine: Mapping, space: SearchSpace,
             eps = (1, group) if group > 1 else (1,)
         else:
             eps = tuple(e for e in space.ep if group % e == 0 and e <= model.moe.experts)
-        kv = model.kv_dtype if kv == "auto" else kv
+        if kv == "auto":
+            if gpu not in auto_kv:
+                try:
+                    auto_kv[gpu] = model.served_on(hardware[gpu] if hardware else load_hardware(gpu)).kv_dtype
+                except KernelsightError:   # not servable there: refused when the candidate is set up
+                    auto_kv[gpu] = model.kv_dtype
+            kv = auto_kv[gpu]
         out.extend(Candidate(gpu, tp, pp, ep, adp, seqs, mbt, kv) for ep in eps)
     return list(dict.fromkeys(out))
 

@@ -101,6 +101,10 @@ def test_candidates_follow_what_vllm_starts():
     layouts = {(c.tp, c.attention_dp, c.ep) for c in got}
     assert layouts == {(1, 1, 1), (1, 2, 1), (1, 2, 2), (4, 1, 1), (4, 1, 4), (4, 2, 1), (4, 2, 8)}
     assert {c.kv_cache_dtype for c in got} == {moe.kv_dtype, "fp8"}
+    # 'auto' is the KV dtype vLLM serves on each GPU: Gemma without bf16 runs in fp32, KV cache included
+    cfg, gemma = _composed("gemma-3-1b")
+    auto = candidates(gemma, cfg["engine"], SearchSpace.from_mapping({"tp": [1]}, ["v100_pcie", "h100_sxm"]))
+    assert {(c.gpu, c.kv_cache_dtype) for c in auto} == {("v100_pcie", "fp32"), ("h100_sxm", "bf16")}
     assert all(len({(c.gpu, c.tp, c.pp, c.ep, c.attention_dp) for c in b}) == 1 for b in batches(got))
     for bad, match in (({"tp": [0]}, "search.tp"), ({"kv_cache_dtype": ["int4"]}, "kv_cache_dtype"),
                        ({"ep": "some"}, "search.ep")):
