@@ -42,7 +42,13 @@ from .schema import Spec, check
 
 DENSE_ARCHS = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM", "Qwen2ForCausalLM",
                "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Phi3ForCausalLM",
-               "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM", "Glm4ForCausalLM")
+               "GraniteForCausalLM", "Olmo2ForCausalLM", "Olmo3ForCausalLM", "SeedOssForCausalLM", "Glm4ForCausalLM",
+               "CohereForCausalLM", "Cohere2ForCausalLM")
+# Cohere's Command-R family (vLLM commandr.py): one weight-only LayerNorm feeds attention and MLP side by side
+# (parallel_block), per-head LayerNorm of q and k when use_qk_norm, the LM head tied to the embedding; Command-R7B
+# and Command-A (Cohere2) attend in a sliding window with RoPE on three layers of four, globally without RoPE on
+# the fourth.
+COHERE_ARCHS = ("CohereForCausalLM", "Cohere2ForCausalLM")
 GEMMA3_ARCHS = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 # transformers' Gemma3TextConfig defaults: the published Gemma-3 configs leave most fields out (vLLM reads them
 # through transformers, which fills these in).
@@ -58,7 +64,7 @@ MLA_ARCHS = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
 # Architectures whose attention bias is on q, k and v only (o_proj has none): vLLM's Qwen2, Qwen2-MoE, GLM-4.5,
 # GLM-4-0414, Seed-OSS.
 QKV_BIAS_ONLY = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM", "Glm4ForCausalLM",
-                 "SeedOssForCausalLM")
+                 "SeedOssForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM")
 # Architectures vLLM builds without any attention bias, whatever the config says (OLMo-2/3, OLMoE, Granite-MoE).
 NO_ATTENTION_BIAS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM", "GraniteMoeForCausalLM",
                      "GraniteMoeSharedForCausalLM")
@@ -205,7 +211,9 @@ class ModelConfig:
     the linear layers, weight_formats the components stored otherwise (embedding, LM head, router and
     norms are always 16-bit); kv_dtype the KV-cache dtype; derived_max_model_len: the context vLLM allows
     when rope_scaling extends it beyond max_position (yarn, dynamic, linear), null otherwise;
-    served_dtype: the activation dtype when a GPU cannot run the checkpoint's (set by served_on).
+    served_dtype: the activation dtype when a GPU cannot run the checkpoint's (set by served_on);
+    parallel_block: attention and MLP both read one input norm and add to the residual together (Cohere's
+    Command-R: one norm per layer, not two).
     """
 
     name: str
@@ -242,6 +250,7 @@ class ModelConfig:
     derived_max_model_len: int | None = None
     hf_config: str | None = None
     served_dtype: str | None = None
+    parallel_block: bool = False
     source: str = field(default="", compare=False, repr=False)
 
     def __post_init__(self):
@@ -388,7 +397,8 @@ class ModelConfig:
                       WeightPart("shared_experts", n_moe * 3 * h * moe.shared_intermediate,
                                  self.weight_format("shared_experts"), "tp"),
                       WeightPart("router", n_moe * (h + moe.bias) * moe.experts, self.router_dtype, "none")]
-        parts.append(WeightPart("norms", n_layers * h * (4 if self.sandwich_norms else 2) + h, ab, "none"))
+        per_layer = 1 if self.parallel_block else 4 if self.sandwich_norms else 2
+        parts.append(WeightPart("norms", n_layers * h * per_layer + h, ab, "none"))
         if self.vision_params:
             parts.append(WeightPart("vision", self.vision_params, ab, "tp"))
         return tuple(parts)
@@ -463,6 +473,7 @@ _FIELDS = {
     "attention_bias": Spec("bool"),
     "attention_sinks": Spec("bool", default=False),
     "sandwich_norms": Spec("bool"),
+    "parallel_block": Spec("bool", default=False),
     "logit_softcap": Spec("number"),
     "sliding_window": Spec("nonneg"),
     "sliding_layers": Spec("choice", choices=SLIDING_LAYERS),
@@ -682,6 +693,8 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
         qk_norm = "head" if get("use_qk_norm", "bool", default=False) else "none"
     elif arch in GATHERED_QK_NORM:
         qk_norm = "gathered"
+    elif arch in COHERE_ARCHS:
+        qk_norm = "head" if get("use_qk_norm", "bool", default=False) else "none"
     if arch in ("Glm4MoeForCausalLM", "Glm4ForCausalLM", "LlamaForCausalLM", "Phi3ForCausalLM"):
         # vLLM's Llama attention (Phi-3's too) rotates partial_rotary_factor of each head (Phi-4-mini: 0.75); GLM's
         # half of it unless the config says otherwise
@@ -718,10 +731,11 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
         vocab=get("vocab_size", "pos"),
         max_position=max_position,
         derived_max_model_len=None if derived == max_position else derived,
-        tied_embeddings=arch != "OlmoeForCausalLM" and get(  # vLLM's OLMoE never ties its LM head
+        # vLLM's OLMoE never ties its LM head, Command-R always does
+        tied_embeddings=arch in COHERE_ARCHS or arch != "OlmoeForCausalLM" and get(
             "tie_word_embeddings", "bool", default=top("tie_word_embeddings", "bool", default=False)
             if wrapper else arch == "Gemma2ForCausalLM"),
-        norm="rms",
+        norm="layer" if arch in COHERE_ARCHS else "rms",
         activation=_HF_ACTIVATIONS[act_name],
         qk_norm=qk_norm,
         attention_bias=_hf_attention_bias(get, arch),
@@ -731,7 +745,8 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
         sliding_window=window,
         sliding_layers=sliding_layers,
         attention_chunk=chunk,
-        nope_every=nope_every,
+        nope_every=full_every if arch == "Cohere2ForCausalLM" else nope_every,
+        parallel_block=arch in COHERE_ARCHS,
         full_every=full_every,
         vision_params=_hf_vision_params(top, hidden, wrapper or arch),
         mla=mla,
@@ -896,14 +911,17 @@ def _hf_sliding(get: HfReader, arch: str, layers: int) -> tuple[int, str, int]:
                 "DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "Glm4MoeForCausalLM", "Glm4ForCausalLM",
                 "Olmo2ForCausalLM", "OlmoeForCausalLM", "SeedOssForCausalLM"):
         return 0, "none", 0  # vLLM passes these no window (MiniMax-M2's attention takes none from its config)
-    if arch in ("GptOssForCausalLM", "Olmo3ForCausalLM", *GEMMA3_ARCHS):
+    if arch == "CohereForCausalLM":
+        return 0, "none", 0
+    if arch in ("GptOssForCausalLM", "Olmo3ForCausalLM", "Cohere2ForCausalLM", *GEMMA3_ARCHS):
         types = get.raw("layer_types")
         if types is None and arch == "GptOssForCausalLM":  # transformers' default: sliding on even layers
             types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
         elif types is None and arch == "Olmo3ForCausalLM":  # Olmo3Config's default: every 4th layer global
             types = ["full_attention" if (i + 1) % 4 == 0 else "sliding_attention" for i in range(layers)]
-        elif types is None:  # Gemma-3: every sliding_window_pattern-th layer global, the others sliding
-            every = get("sliding_window_pattern", "pos")
+        elif types is None:  # Gemma-3, Cohere2: every sliding_window_pattern-th layer global, the others sliding
+            every = (get("sliding_window_pattern", "pos", default=4) if arch == "Cohere2ForCausalLM"  # Cohere2Config's
+                     else get("sliding_window_pattern", "pos"))
             types = ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]
         sliding = _hf_layer_types(get, types, layers)
         every = sliding.index(False) + 1 if False in sliding else 0   # the first global layer, 1-based

@@ -1,4 +1,4 @@
-"""Granite, OLMo-2/3, OLMoE, Seed-OSS and GLM-4-0414 from their config.json, as vLLM builds them."""
+"""Granite, OLMo-2/3, OLMoE, Seed-OSS, GLM-4-0414 and Command-R from their config.json, as vLLM builds them."""
 from __future__ import annotations
 
 import pytest
@@ -47,6 +47,18 @@ CARDS = {
         "max_position_embeddings": 131072, "num_local_experts": 40, "num_experts_per_tok": 8,
         "tie_word_embeddings": True, "hidden_act": "silu", "torch_dtype": "bfloat16"}, 3.30e9, 0.81e9),
 }
+CARDS.update({
+    "command-r-v01": ({   # CohereForAI/c4ai-command-r-v01
+        "architectures": ["CohereForCausalLM"], "hidden_size": 8192, "intermediate_size": 22528,
+        "num_hidden_layers": 40, "num_attention_heads": 64, "num_key_value_heads": 64, "vocab_size": 256000,
+        "max_position_embeddings": 8192, "hidden_act": "silu", "use_qk_norm": False, "logit_scale": 0.0625,
+        "layer_norm_eps": 1e-05, "torch_dtype": "float16"}, 34.98e9, None),
+    "command-r7b": ({   # CohereLabs/c4ai-command-r7b-12-2024
+        "architectures": ["Cohere2ForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+        "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 256000,
+        "max_position_embeddings": 8192, "hidden_act": "silu", "sliding_window": 4096, "sliding_window_pattern": 4,
+        "logit_scale": 0.25, "torch_dtype": "bfloat16"}, 8.03e9, None),
+})
 ENGINE = load_engine("vllm_v1")
 MIXED = StepBatch(prefill_new=(1000, 37), prefill_ctx=(0, 2048), decode_ctx=(100, 2000, 4097), prefill_sampled=1)
 
@@ -146,3 +158,27 @@ def test_checkpoint_module_names_of_their_quantized_checkpoints():
     assert (glm.weight_format("mlp"), glm.weight_format("attention")) == ("bf16", "fp8_block")
     with pytest.raises(KernelsightError, match=r"names 61 of the 122 checkpoint modules of component 'mlp'"):
         _model("glm-4-32b-0414", quantization_config={**fp8, "modules_to_not_convert": ["mlp.gate_up_proj"]})
+
+
+def test_command_r_runs_attention_and_mlp_from_one_layernorm():
+    """Cohere's parallel block: one weight-only LayerNorm per layer (plus the final one), the LM head tied to the
+    embedding whatever the config says, per-head q/k LayerNorm when use_qk_norm."""
+    r = _model("command-r-v01", tie_word_embeddings=False)
+    assert (r.norm, r.parallel_block, r.tied_embeddings, r.qk_norm) == ("layer", True, True, "none")
+    calls = _calls(r)
+    norms = {n: c for n, c in calls.items() if c.family == "norm"}
+    assert {n: c.count for n, c in norms.items()} == {"add_layernorm": 40, "layernorm": 1}
+    assert all(c.cols["op"] == "layer" for c in norms.values())
+    llama_like = _calls(_model("command-r-v01", architectures=["LlamaForCausalLM"]))   # two norms a layer
+    assert llama_like["add_rmsnorm"].count == 80
+    assert _model("command-r-v01", use_qk_norm=True).qk_norm == "head"
+
+
+def test_command_r7b_slides_with_rope_on_three_layers_and_attends_globally_without_on_the_fourth():
+    r7 = _model("command-r7b")
+    assert [i for i, p in enumerate(r7.layer_plan()) if p.window == 0] == list(range(3, 32, 4))
+    assert [i for i, p in enumerate(r7.layer_plan()) if not p.rope] == list(range(3, 32, 4))
+    assert {k.name: (k.count, k.window) for k in r7.attention_kinds()} == {"sliding": (24, 4096), "full": (8, 0)}
+    assert _calls(r7)["rope"].count == 24
+    default = _model("command-r7b", sliding_window_pattern=None)   # Cohere2Config's default pattern: 4
+    assert default.layer_plan() == r7.layer_plan()

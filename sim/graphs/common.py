@@ -71,7 +71,7 @@ def norm_kernels(model: ModelConfig, t, fused: bool, fused_ar_bytes: float = 0.0
     all-reduce kernel does the residual add and RMSNorm itself (vLLM's FlashInfer all-reduce fusion),
     so none runs on its own: a count of 0 for those token counts (per row when t is an array)."""
     n_layers = model.layers
-    with_residual = 2 * n_layers
+    with_residual = (1 if model.parallel_block else 2) * n_layers
     plain = 1 + (2 * n_layers if model.sandwich_norms else 0)
     ab = model.act_dtype
     if fused_ar_bytes and model.norm == "rms" and not model.sandwich_norms:
@@ -159,12 +159,14 @@ def o_proj_kernels(model: ModelConfig, par: ParallelConfig, t, width: int) -> li
 
 def gqa_attention_kernels(model: ModelConfig, par: ParallelConfig, engine: EngineProfile, t, s: Shard,
                           qk_norm_dtype: str | None = None) -> list[KernelCall]:
-    """The token-wise attention kernels of a GQA layer, all layers: qkv GEMM, q/k norm, RoPE, KV write, o_proj
-    and its all-reduce (attention itself depends on the batch's KV: decode_call / prefill_call)."""
+    """The token-wise attention kernels of a GQA layer, all layers: qkv GEMM, q/k norm, RoPE (on the layers
+    that have it), KV write, o_proj and its all-reduce (attention itself depends on the batch's KV:
+    decode_call / prefill_call)."""
     n_layers = model.layers
     calls = qkv_kernels(model, engine, t, s)
     calls += qk_norm_kernels(model, par, t, s, n_layers, qk_norm_dtype)
-    calls += rope_kernels(model, engine, t, s.heads, s.kv_heads, n_layers)
+    rope_layers = sum(p.rope for p in model.layer_plan()) if model.nope_every else n_layers
+    calls += rope_kernels(model, engine, t, s.heads, s.kv_heads, rope_layers)
     calls.append(kv_write_kernel(model, engine, t, s.kv_heads, model.head_dim))
     return calls + o_proj_kernels(model, par, t, s.heads * model.head_dim)
 
