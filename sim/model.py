@@ -64,10 +64,11 @@ MLA_ARCHS = ("DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM")
 # Architectures whose attention bias is on q, k and v only (o_proj has none): vLLM's Qwen2, Qwen2-MoE, GLM-4.5,
 # GLM-4-0414, Seed-OSS.
 QKV_BIAS_ONLY = ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM", "Glm4MoeForCausalLM", "Glm4ForCausalLM",
-                 "SeedOssForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM")
-# Architectures vLLM builds without any attention bias, whatever the config says (OLMo-2/3, OLMoE, Granite-MoE).
+                 "SeedOssForCausalLM")
+# Architectures vLLM builds without any attention bias, whatever the config says (OLMo-2/3, OLMoE, Granite-MoE,
+# Command-R).
 NO_ATTENTION_BIAS = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM", "GraniteMoeForCausalLM",
-                     "GraniteMoeSharedForCausalLM")
+                     "GraniteMoeSharedForCausalLM", "CohereForCausalLM", "Cohere2ForCausalLM")
 # Architectures whose q and k are RMS-normed over the whole projection after an all-gather of every TP rank's
 # heads (vLLM's OLMo-2/3 and OLMoE _apply_qk_norm): qk_norm 'gathered'.
 GATHERED_QK_NORM = ("Olmo2ForCausalLM", "Olmo3ForCausalLM", "OlmoeForCausalLM")

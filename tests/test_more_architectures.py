@@ -172,6 +172,7 @@ def test_command_r_runs_attention_and_mlp_from_one_layernorm():
     llama_like = _calls(_model("command-r-v01", architectures=["LlamaForCausalLM"]))   # two norms a layer
     assert llama_like["add_rmsnorm"].count == 80
     assert _model("command-r-v01", use_qk_norm=True).qk_norm == "head"
+    assert not _model("command-r-v01", attention_bias=True).attention_bias   # vLLM builds it without a bias
 
 
 def test_command_r7b_slides_with_rope_on_three_layers_and_attends_globally_without_on_the_fourth():
