@@ -284,8 +284,10 @@ class Predictor:
     def _estimate(self, family: str, cols: Mapping, roof: Mapping) -> dict:
         """η, tier, model label and extrapolated flag for each kernel of one family."""
         n = len(roof["t_roof"])
-        half = next((d for d in ("bf16", "fp16") if d in self.hw.supported_dtypes), None)
-        if family == "gemm" and n and half and (np.asarray(cols["dtype"]) == "fp32").any():
+        half = None
+        if family == "gemm" and n and (np.asarray(cols["dtype"]) == "fp32").any():
+            half = next((d for d in ("bf16", "fp16") if d in self.hw.supported_dtypes), None)
+        if half:
             # No sweep times fp32 GEMMs (cuBLAS SGEMM on CUDA cores, e.g. MiniMax-M2's fp32 router, or a whole
             # model served in fp32 on a GPU without bf16): the same shape's 16-bit GEMM (cuBLAS as well; fp16
             # where the GPU has no bf16) as predicted, plus the roofline time fp32 adds to it (twice the bytes,

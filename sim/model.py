@@ -733,9 +733,9 @@ def from_hf(config: Mapping, name: str, source: str, modelopt: Mapping | None = 
         max_position=max_position,
         derived_max_model_len=None if derived == max_position else derived,
         # vLLM's OLMoE never ties its LM head, Command-R always does
-        tied_embeddings=arch in COHERE_ARCHS or arch != "OlmoeForCausalLM" and get(
+        tied_embeddings=arch in COHERE_ARCHS or (arch != "OlmoeForCausalLM" and get(
             "tie_word_embeddings", "bool", default=top("tie_word_embeddings", "bool", default=False)
-            if wrapper else arch == "Gemma2ForCausalLM"),
+            if wrapper else arch == "Gemma2ForCausalLM")),
         norm="layer" if arch in COHERE_ARCHS else "rms",
         activation=_HF_ACTIVATIONS[act_name],
         qk_norm=qk_norm,
@@ -910,10 +910,8 @@ def _hf_sliding(get: HfReader, arch: str, layers: int) -> tuple[int, str, int]:
                                f"windows, RoPE bases and attention sinks are not modelled")
     if arch in ("LlamaForCausalLM", "MiniMaxM2ForCausalLM", "Llama4ForConditionalGeneration",
                 "DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM", "Glm4MoeForCausalLM", "Glm4ForCausalLM",
-                "Olmo2ForCausalLM", "OlmoeForCausalLM", "SeedOssForCausalLM"):
+                "Olmo2ForCausalLM", "OlmoeForCausalLM", "SeedOssForCausalLM", "CohereForCausalLM"):
         return 0, "none", 0  # vLLM passes these no window (MiniMax-M2's attention takes none from its config)
-    if arch == "CohereForCausalLM":
-        return 0, "none", 0
     if arch in ("GptOssForCausalLM", "Olmo3ForCausalLM", "Cohere2ForCausalLM", *GEMMA3_ARCHS):
         types = get.raw("layer_types")
         if types is None and arch == "GptOssForCausalLM":  # transformers' default: sliding on even layers

@@ -221,7 +221,8 @@ def candidates(model: ModelConfig, engine: Mapping, space: SearchSpace,
     for gpu, tp, pp, adp, seqs, mbt, kv in product(space.gpus, space.tp, space.pp, space.attention_dp,
                                                    space.max_num_seqs, space.max_num_batched_tokens,
                                                    space.kv_cache_dtype):
-        default_mbt, default_seqs = vllm_batch_defaults(hardware[gpu] if hardware else load_hardware(gpu))
+        hw = hardware[gpu] if hardware else load_hardware(gpu)
+        default_mbt, default_seqs = vllm_batch_defaults(hw)
         seqs = seqs or _given(sched["max_num_seqs"]) or default_seqs
         mbt = mbt or _given(sched["max_num_batched_tokens"]) or default_mbt
         if tp * pp * adp > space.max_gpus_per_replica or mbt < seqs or (adp > 1 and model.moe is None):
@@ -240,7 +241,7 @@ def candidates(model: ModelConfig, engine: Mapping, space: SearchSpace,
         if kv == "auto":
             if gpu not in auto_kv:
                 try:
-                    auto_kv[gpu] = model.served_on(hardware[gpu] if hardware else load_hardware(gpu)).kv_dtype
+                    auto_kv[gpu] = model.served_on(hw).kv_dtype
                 except KernelsightError:   # not servable there: refused when the candidate is set up
                     auto_kv[gpu] = model.kv_dtype
             kv = auto_kv[gpu]

@@ -165,8 +165,7 @@ def gqa_attention_kernels(model: ModelConfig, par: ParallelConfig, engine: Engin
     n_layers = model.layers
     calls = qkv_kernels(model, engine, t, s)
     calls += qk_norm_kernels(model, par, t, s, n_layers, qk_norm_dtype)
-    rope_layers = sum(p.rope for p in model.layer_plan()) if model.nope_every else n_layers
-    calls += rope_kernels(model, engine, t, s.heads, s.kv_heads, rope_layers)
+    calls += rope_kernels(model, engine, t, s.heads, s.kv_heads, model.rope_layers)
     calls.append(kv_write_kernel(model, engine, t, s.kv_heads, model.head_dim))
     return calls + o_proj_kernels(model, par, t, s.heads * model.head_dim)
 
