@@ -35,9 +35,10 @@ most steps decode one token for every running request and nothing else. When
 the scheduler says the coming steps are all such steps (scheduler.DecodeRun:
 no admission, chunk or preemption until a request's last token, KV blocks
 allowing), the engine advances them at once, up to the horizon: the first
-time another event could reach this scheduler (any other event; arrivals and
-follow-ups count from one frontend latency later, the least a request takes
-to reach a scheduler, when the router reads no KV state). The pricer prices
+time another event could reach this scheduler (any other event; when the
+router reads no KV state, arrivals and follow-ups count from when they can
+reach a scheduler: one frontend latency later, or, with the next arrival the
+only send pending, from its delivery, its jitter drawn ahead). The pricer prices
 the run's steps in one vectorised pass, each exactly as step_time would (the
 mean KV length grows by one per step), and the step times come from the
 event loop's own additions (one cumulative sum for a synchronous engine; a
@@ -69,6 +70,8 @@ from kernelsight.sim.scheduler import Scheduler, SchedulerConfig
 COMPLETE, ARRIVAL, FOLLOWUP, DELIVER, WAKE = 0, 1, 2, 3, 4
 
 ROUTERS = ("round_robin", "least_outstanding", "prefix_aware")
+JITTER_BLOCK = 256      # frontend jitter draws taken from the generator at a time
+JITTER_AHEAD = 4        # requests the horizon looks ahead at (their arrival times and frontend jitter)
 
 
 class Replica:
@@ -166,6 +169,8 @@ class Engine:
         self.frontend_latency_s = frontend_latency_s
         self.frontend_jitter_s = frontend_jitter_s
         self._frontend_rng = np.random.default_rng(check_seed(seed))
+        self._jitter: list[float] = []   # the frontend jitter of the coming sends, drawn ahead (_jitter_ahead)
+        self._jitter_next = 0
         self.router = Router(router, replicas)
         self.max_model_len = max_model_len
         self.max_concurrency = max_concurrency if max_concurrency else math.inf
@@ -185,16 +190,32 @@ class Engine:
         self._heap: list = []
         self._seq = 0
         self._blocked: deque = deque()
+        self._sends_pending = 0     # ARRIVAL and FOLLOWUP events in the heap
         self._stream = None
         self._stream_pending = False
+        self._ahead: deque = deque()   # requests read from the stream before their turn (_send_bound)
 
     # ----- events -----
     def _push(self, t: float, kind: int, payload, replica=None) -> None:
         self._seq += 1
+        if kind == ARRIVAL or kind == FOLLOWUP:
+            self._sends_pending += 1
         heapq.heappush(self._heap, (t, kind, self._seq, payload, replica))
 
+    def _jitter_ahead(self, count: int) -> list[float]:
+        """The frontend jitter of the next `count` sends, without taking them. Drawn in blocks: a block of n
+        exponential draws is the generator's n single draws, bit for bit, so the k-th send's jitter is the
+        k-th draw however far ahead it was read."""
+        need = self._jitter_next + count - len(self._jitter)
+        if need > 0:
+            del self._jitter[:self._jitter_next]
+            self._jitter_next = 0
+            self._jitter.extend(self._frontend_rng.exponential(self.frontend_jitter_s,
+                                                               max(need, JITTER_BLOCK)).tolist())
+        return self._jitter[self._jitter_next:self._jitter_next + count]
+
     def _pull_stream(self) -> None:
-        req = next(self._stream, None)
+        req = self._ahead.popleft() if self._ahead else next(self._stream, None)
         if req is None:
             self._stream_pending = False
             return
@@ -211,6 +232,8 @@ class Engine:
         last_t = None
         while heap:
             t, kind, _, payload, replica = pop(heap)
+            if kind == ARRIVAL or kind == FOLLOWUP:
+                self._sends_pending -= 1
             if last_t is not None and t > last_t:
                 dt = t - last_t
                 self.area_in_system += self.in_system * dt
@@ -267,7 +290,8 @@ class Engine:
             self.max_in_system = self.in_system
         delay = self.frontend_latency_s
         if self.frontend_jitter_s > 0:
-            delay += self._frontend_rng.exponential(self.frontend_jitter_s)
+            delay += self._jitter_ahead(1)[0]
+            self._jitter_next += 1
         if delay > 0:
             replica.in_frontend += 1
             self._push(t + delay, DELIVER, req, replica)
@@ -556,10 +580,13 @@ class Engine:
 
     def _horizon(self, replica: Replica) -> float:
         """The earliest time another event could change what `replica` schedules: the time of any event
-        but its own completions; arrivals and follow-ups reach a scheduler the frontend latency later
-        (when the router reads no KV state), so those count from then."""
-        lead = self.frontend_latency_s if self.frontend_latency_s > 0 and (
-            len(self.replicas) == 1 or self.router.policy != "prefix_aware") else 0.0
+        but its own completions. Arrivals and follow-ups reach a scheduler only after the frontend path, when
+        the router reads no KV state: from one frontend latency later, or, where the next arrival is the only
+        send pending, from the earliest delivery of it and the requests after it (_send_bound)."""
+        lead, exact = 0.0, False
+        if len(self.replicas) == 1 or self.router.policy != "prefix_aware":
+            lead = self.frontend_latency_s
+            exact = self.frontend_jitter_s > 0 and self._sends_pending == 1 and not self._blocked
         heap = self._heap
         best = math.inf
         stack = [0] if heap else []
@@ -568,10 +595,36 @@ class Engine:
             t, kind, _, _, r = heap[i]
             if t >= best:
                 continue
-            if not (kind == COMPLETE and r is replica):
-                best = min(best, t + lead if kind in (ARRIVAL, FOLLOWUP) else t)
+            if kind == ARRIVAL or kind == FOLLOWUP:
+                best = min(best, self._send_bound(t) if exact and kind == ARRIVAL else t + lead)
+            elif not (kind == COMPLETE and r is replica):
+                best = t
             stack.extend(c for c in (2 * i + 1, 2 * i + 2) if c < len(heap))
         return best
+
+    def _send_bound(self, t: float) -> float:
+        """The earliest delivery of the pending arrival (sent at t) or of any request the stream holds after
+        it, when nothing else can be sent first: the k-th of them is sent no earlier than its arrival time
+        (non-decreasing along the stream) and, as requests refused at the door draw no jitter, takes one of
+        the next k jitter draws; requests past the look-ahead arrive no earlier than the last one read."""
+        jitter = self._jitter_ahead(JITTER_AHEAD)
+        least = jitter[0]
+        bound = t + least
+        ahead = self._ahead
+        for k in range(1, JITTER_AHEAD):
+            if k > len(ahead):
+                req = next(self._stream, None)
+                if req is None:
+                    break
+                ahead.append(req)
+            arrival = ahead[k - 1].arrival_time
+            if arrival >= bound:
+                break
+            least = min(least, jitter[k])
+            bound = min(bound, arrival + least)
+        else:
+            bound = min(bound, ahead[JITTER_AHEAD - 2].arrival_time)
+        return self.frontend_latency_s + bound
 
     def _complete(self, replica, t: float) -> None:
         """The oldest step in flight on `replica` (a Replica or LockstepGroup) completes at t."""

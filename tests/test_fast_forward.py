@@ -109,6 +109,29 @@ def test_fast_forward_equals_step_by_step(tmp_path, groups, overrides, n, share)
     assert fast_forwarded(pair) > share
 
 
+def test_runs_reach_the_next_delivery_through_the_frontend_jitter(tmp_path):
+    """vllm_v1's frontend path (5 ms + exponential 10 ms jitter): the horizon knows the next arrival's jitter (drawn
+    ahead, the same draw its send takes), so a run goes on until that request reaches the scheduler instead of
+    stopping one frontend latency after its arrival and stepping singly up to the delivery. Most single steps
+    are then the admissions themselves (one per request); with the latency alone as the lead, two per request."""
+    pair = simulate_both(tmp_path, 300)
+    check_equal(pair)
+    fast = pair[1][0]
+    single = fast.summary["num_steps"] - fast.engine.fast_forwarded_steps
+    assert single < 1.6 * 300
+
+
+def test_jitter_read_ahead_is_the_draws_one_at_a_time():
+    """_jitter_ahead hands out the generator's single draws in order, however far ahead it reads."""
+    engine = Engine(build_replicas(1, SchedulerConfig(64, 8), 100, lambda: None), frontend_jitter_s=0.01, seed=7)
+    ahead = engine._jitter_ahead(3)
+    engine._jitter_next += 1
+    later = engine._jitter_ahead(300)
+    single = np.random.default_rng(7)
+    expected = [single.exponential(0.01) for _ in range(301)]
+    assert ahead == expected[:3] and later == expected[1:]
+
+
 def test_sharegpt_like_trace(tmp_path):
     """A replayed trace of ShareGPT-like lengths, some prompts sharing hashed blocks."""
     rng = np.random.default_rng(3)
