@@ -59,22 +59,28 @@ class EnergyAccumulator:
         if gpu > 0 and total / gpu > self.peak_w:
             self.peak_w = total / gpu
 
-    def add_run(self, prices, steps: int) -> None:
-        """The first `steps` steps of a decode run (pricing.DecodeRun with its energy parts), as add() adds each."""
-        acc, fixed = self.family, 0.0
-        for name, joules in prices.energy_families:
-            acc[name] = acc.get(name, 0.0) + joules * steps
-            fixed += joules
-        attention, launch = prices.attention_j[:steps], prices.launch_j[:steps]
-        for name, values in ((prices.attention_family, attention), ("launch", launch)):
+    def add_runs(self, runs: list) -> None:
+        """The first `steps` steps of each decode run of `runs` [(pricing.DecodeRun with its energy parts,
+        steps)], as add() adds each step."""
+        acc, fixed = self.family, {}
+        for prices, steps in runs:
+            fixed[prices.energy_families] = fixed.get(prices.energy_families, 0) + steps
+        for families, steps in fixed.items():
+            for name, joules in families:
+                acc[name] = acc.get(name, 0.0) + joules * steps
+        steps = [steps for _, steps in runs]
+        attention = np.concatenate([prices.attention_j[:n] for (prices, _), n in zip(runs, steps)])
+        launch = np.concatenate([prices.launch_j[:n] for (prices, _), n in zip(runs, steps)])
+        for name, values in ((runs[0][0].attention_family, attention), ("launch", launch)):
             if np.count_nonzero(values):
                 acc[name] = acc.get(name, 0.0) + float(values.sum())
-        gpu = prices.gpu_s[:steps]
+        gpu = np.concatenate([prices.gpu_s[:n] for (prices, _), n in zip(runs, steps)])
         self.gpu_s += float(gpu.sum())
         busy = gpu > 0
         count = np.count_nonzero(busy)
         if count:
-            joules = fixed + attention + launch
+            per_step = np.repeat([sum(j for _, j in prices.energy_families) for prices, _ in runs], steps)
+            joules = per_step + attention + launch
             if count < len(gpu):   # only steps that take GPU time have a power
                 joules, gpu = joules[busy], gpu[busy]
             self.peak_w = max(self.peak_w, float((joules / gpu).max()))

@@ -104,20 +104,21 @@ class DecodeRun:
 
 
 class _DecodeTable:
-    """Seconds and joules of one decode-attention launch on the KV grid, as lists (one step's lookups) and
-    arrays (a decode run's), NaN where not priced yet; `priced` flags its blocks of DECODE_BLOCK points."""
+    """Seconds and joules of one decode-attention launch on the KV grid, as lists (one step's lookups) and as
+    one (2, points) array, seconds then joules (a decode run's: both looked up at once), NaN where not priced
+    yet; `priced` flags its blocks of DECODE_BLOCK points."""
 
-    __slots__ = ("seconds", "joules", "seconds_array", "joules_array", "priced")
+    __slots__ = ("seconds", "joules", "both", "priced")
 
     def __init__(self, points: int):
         self.seconds, self.joules = [math.nan] * points, [math.nan] * points
-        self.seconds_array, self.joules_array = np.full(points, math.nan), np.full(points, math.nan)
+        self.both = np.full((2, points), math.nan)
         self.priced = [False] * -(-points // DECODE_BLOCK)
 
     def fill(self, start: int, seconds: np.ndarray, joules: np.ndarray) -> None:
         """Points start.. take these prices."""
         stop = start + len(seconds)
-        self.seconds_array[start:stop], self.joules_array[start:stop] = seconds, joules
+        self.both[0, start:stop], self.both[1, start:stop] = seconds, joules
         self.seconds[start:stop], self.joules[start:stop] = seconds.tolist(), joules.tolist()
 
 
@@ -294,6 +295,7 @@ class StepPricer:
         floor_s, host_s, families, families_s, tables_s = self._decode_fixed(n)
         step = np.arange(steps)
         priced_j = breakdown and self.power is not None  # attention joules too: at the lookups of the seconds
+        attention_j = None
         if self.flat:  # one flat attention per step; its KV tokens grow by one per sequence and step
             kv = int(decode_ctx.sum()) + n * step
             if kv[-1] >= self._flat_grid[-1]:
@@ -301,9 +303,10 @@ class StepPricer:
             grid, values = self._flat_table(n)[2:]
             i, w = _bracket_array(grid, kv)
             attention = _lerp_at(values, i, w)
-            attention_j = _lerp_at(self._flat_joules(n)[3], i, w) if priced_j else 0.0
+            if priced_j:
+                attention_j = _lerp_at(self._flat_joules(n)[3], i, w)
         else:
-            attention = attention_j = 0.0
+            attention = None
             for k, kind in enumerate(self.kinds):
                 mean = _decode_mean_kv_run(decode_ctx, kind, step)
                 if mean[-1] > self._kv_grid[-1]:
@@ -311,23 +314,28 @@ class StepPricer:
                 i, w = _bracket_array(self._kv_grid_array, mean)
                 # the mean KV length grows step by step, but within chunks it starts again at each chunk's start
                 low, high = (int(i.min()), int(i.max())) if kind.chunk else (int(i[0]), int(i[-1]))
-                table = self._decode_table(k, n, low, high + 1)
-                attention = attention + kind.count * _lerp_at(table.seconds_array, i, w)
+                table = self._decode_table(k, n, low, high + 1).both
+                if not priced_j:
+                    table = table[0]
+                lo = table.take(i, axis=-1)   # seconds (and joules) at both ends of each step's grid interval
+                both = lo + (table.take(i + 1, axis=-1) - lo) * w
+                if kind.count != 1:
+                    both *= kind.count
+                seconds = both[0] if priced_j else both
+                # as step_time and breakdown() add the kinds up from 0.0 (0.0 + x is x)
+                attention = seconds if attention is None else attention + seconds
                 if priced_j:
-                    attention_j = attention_j + kind.count * _lerp_at(table.joules_array, i, w)
+                    attention_j = both[1] if attention_j is None else attention_j + both[1]
         # breakdown() sums its family dict; step_time the two table totals, then the attention
         kernel = (families_s if breakdown else tables_s) + attention
         gpu = np.maximum(kernel, floor_s)
         if not breakdown:
             return DecodeRun(gpu, host_s)
-        launch = gpu - kernel
+        launch = gpu - kernel   # 0 where the kernels take longer than the launches
         phase = tables_s + attention  # breakdown's decode phase: the whole step, launch waiting included
         bound = launch > 0
         if np.count_nonzero(bound):
             phase[bound] += launch[bound] * phase[bound] / kernel[bound]
-            launch[~bound] = 0.0
-        else:
-            launch[:] = 0.0
         if self.power is None:
             return DecodeRun(gpu, host_s, families, attention, launch, phase, self.attention_families[1])
         return DecodeRun(gpu, host_s, families, attention, launch, phase, self.attention_families[1],
@@ -788,8 +796,12 @@ def _bilinear(row0: list[float], row1: list[float], j: int, wj: float, wi: float
 
 def _bracket_array(g: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """_bracket at every entry of x (grid g as an array), with the same floating-point operations."""
-    i = np.minimum(np.maximum(g.searchsorted(x, side="right") - 1, 0), len(g) - 2)
-    return i, (x - g[i]) / (g[i + 1] - g[i])
+    i = g.searchsorted(x, side="right")
+    i -= 1
+    np.maximum(i, 0, out=i)
+    np.minimum(i, len(g) - 2, out=i)
+    low = g.take(i)
+    return i, (x - low) / (g.take(i + 1) - low)
 
 
 def _lerp_at(v, i, w):
@@ -810,7 +822,9 @@ def _decode_mean_kv_run(decode_ctx: np.ndarray, kind: AttentionKind, step: np.nd
         total = np.concatenate([[0], np.cumsum(ctx)])[below] + step * below + window * (n - below)
     else:
         total = int(decode_ctx.sum()) + n * step
-    return np.maximum(np.rint(total / n).astype(np.int64), 1)
+    # every KV length is >= 1, so the rounded mean is too (graph.decode_mean_kv's floor at 1 holds by itself);
+    # whole numbers as floats bracket and interpolate as the integers do
+    return np.rint(total / n)
 
 
 # A family is implausible when it takes most of the step's priced kernel time at an effective η (kernel time

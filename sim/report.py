@@ -157,29 +157,51 @@ def step_kind(batch) -> str:
 SAMPLE_STEPS = 64  # steps, evenly spread over a run, whose kernels are re-priced to say what priced them
 
 
+PENDING_RUNS = 256  # decode runs whose sums BreakdownAccumulator.add_run defers, at most
+
+
 class BreakdownAccumulator:
     """GPU seconds per kernel family by step kind, and per phase, summed over every step's breakdown; with a
-    power model, the steps' joules (`energy`, sim/energy.py)."""
+    power model, the steps' joules (`energy`, sim/energy.py). A decode run's sums wait with up to PENDING_RUNS
+    others (_flush: one reduction over all of them instead of a few per run); reading `family` or `phase`
+    adds them first."""
 
     def __init__(self, sample_steps: int = SAMPLE_STEPS):
-        self.family = {kind: {} for kind in STEP_KINDS}
-        self.phase: dict[str, float] = {}
-        self.energy = EnergyAccumulator()
+        self._family = {kind: {} for kind in STEP_KINDS}
+        self._phase: dict[str, float] = {}
+        self._energy = EnergyAccumulator()
         self.sample_steps = sample_steps
         self.sample: list = []  # every stride-th step's batch, stride doubling to keep at most 2 x sample_steps
         self._stride, self._steps = 1, 0
+        self._runs: list = []   # (prices, steps) of decode runs not added yet
+
+    @property
+    def family(self) -> dict:
+        self._flush()
+        return self._family
+
+    @property
+    def phase(self) -> dict:
+        self._flush()
+        return self._phase
+
+    @property
+    def energy(self) -> EnergyAccumulator:
+        self._flush()
+        return self._energy
 
     def add(self, batch, parts: dict) -> None:
         if self._steps % self._stride == 0:
             self._take(batch)
         self._steps += 1
-        acc = self.family[step_kind(batch)]
+        acc = self._family[step_kind(batch)]
         for name, seconds in parts["family"].items():
             acc[name] = acc.get(name, 0.0) + seconds
+        phase = self._phase
         for name, seconds in parts["phase"].items():
-            self.phase[name] = self.phase.get(name, 0.0) + seconds
+            phase[name] = phase.get(name, 0.0) + seconds
         if "energy" in parts:
-            self.energy.add(parts)
+            self._energy.add(parts)
 
     def add_run(self, prices, steps: int, batch_at) -> None:
         """Add the first `steps` steps of a decode run as add() would add each: prices is the run's
@@ -191,17 +213,35 @@ class BreakdownAccumulator:
             j += 1
             j += -(base + j) % self._stride
         self._steps = base + steps
-        acc = self.family["decode"]
-        for name, seconds in prices.families:
-            acc[name] = acc.get(name, 0.0) + seconds * steps
-        attention = (prices.attention_family, prices.attention_s[:steps])
-        for name, values in (attention, ("launch", prices.launch_s[:steps])):
-            if np.count_nonzero(values):  # as breakdown() lists a family only in steps where it takes time
+        self._runs.append((prices, steps))
+        if len(self._runs) >= PENDING_RUNS:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Add the pending decode runs: each family's fixed seconds times the steps of the runs that share them,
+        attention and launch waiting as one sum each (a family listed only where it took time, as breakdown()
+        lists it), the decode phase as one sum; their joules to `energy`."""
+        runs = self._runs
+        if not runs:
+            return
+        self._runs = []
+        acc = self._family["decode"]
+        fixed: dict = {}   # the runs' (family, seconds) rows (one tuple per batch size) -> their steps
+        for prices, steps in runs:
+            fixed[prices.families] = fixed.get(prices.families, 0) + steps
+        for families, steps in fixed.items():
+            for name, seconds in families:
+                acc[name] = acc.get(name, 0.0) + seconds * steps
+        for name, field in ((runs[0][0].attention_family, "attention_s"), ("launch", "launch_s")):
+            values = np.concatenate([getattr(prices, field)[:steps] for prices, steps in runs])
+            if np.count_nonzero(values):
                 acc[name] = acc.get(name, 0.0) + float(values.sum())
-        self.phase["prefill"] = self.phase.get("prefill", 0.0)
-        self.phase["decode"] = self.phase.get("decode", 0.0) + float(prices.decode_phase_s[:steps].sum())
-        if prices.attention_j is not None:
-            self.energy.add_run(prices, steps)
+        phase = self._phase
+        phase["prefill"] = phase.get("prefill", 0.0)
+        phase["decode"] = phase.get("decode", 0.0) + float(
+            np.concatenate([prices.decode_phase_s[:steps] for prices, steps in runs]).sum())
+        if runs[0][0].attention_j is not None:
+            self._energy.add_runs(runs)
 
     def _take(self, batch) -> None:
         self.sample.append(batch)
@@ -211,8 +251,9 @@ class BreakdownAccumulator:
     def rows(self) -> list[dict]:
         """Per family, largest total first: 'family', seconds per step kind, 'total_s' and 'share' of all GPU
         time; plain values, so the printed summary imports no pandas (table() is the same as a frame)."""
-        rows = [{"family": f, **{kind: self.family[kind].get(f, 0.0) for kind in STEP_KINDS}}
-                for f in sorted({f for kind in STEP_KINDS for f in self.family[kind]})]
+        family = self.family
+        rows = [{"family": f, **{kind: family[kind].get(f, 0.0) for kind in STEP_KINDS}}
+                for f in sorted({f for kind in STEP_KINDS for f in family[kind]})]
         for r in rows:
             r["total_s"] = sum(r[kind] for kind in STEP_KINDS)
         grand = sum(r["total_s"] for r in rows)

@@ -47,6 +47,7 @@ from kernelsight.sim.kv_cache import KVCacheManager
 from kernelsight.sim.request import FINISHED, PREEMPTED, RUNNING, WAITING, Request
 
 _EMPTY = np.zeros(0, np.int64)
+FEW_FINISHED = 4   # update(): up to this many finished running requests leave the running list one by one
 
 
 @dataclass(frozen=True)
@@ -443,12 +444,11 @@ class Scheduler:
         done = s[out >= self._olen[s]]
         if not len(done):
             return []
-        finished = []
-        done_running = False
+        finished, left = [], []   # left: those of them that were running
         for slot in done.tolist():
             req = self._slot_req[slot]
             if req.status == RUNNING:
-                done_running = True
+                left.append(req)
             else:       # preempted while its last token was in flight
                 self.waiting.remove(req)
             req.status = FINISHED
@@ -460,8 +460,12 @@ class Scheduler:
             self._free_slots.append(slot)
             req.slot = -1
             finished.append(req)
-        if done_running:
-            self.running = [r for r in self.running if r.status != FINISHED]
+        if left:
+            if len(left) <= FEW_FINISHED:   # list.remove scans in C: cheaper than rebuilding the list for a few
+                for req in left:
+                    self.running.remove(req)
+            else:
+                self.running = [r for r in self.running if r.status != FINISHED]
             o = self._order
             self._order = o[self._out[o] < self._olen[o]]
         return finished
