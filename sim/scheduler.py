@@ -298,25 +298,27 @@ class Scheduler:
             total = int(n.sum())
         new_comp = comp + n
         # KV-manager work: any chunk of more than one token, and decodes reaching fast_limit.
-        slow = (n > (new_comp < self._flim[o])).nonzero()[0].tolist()
+        slow_at = (n > (new_comp < self._flim[o])).nonzero()[0]
         m = len(o)
-        if slow:
-            comp_l, known_l, n_l, target_l = comp.tolist(), known.tolist(), n.tolist(), target.tolist()
+        if len(slow_at):
+            # the slow requests' positions and counters as lists (only theirs: a running list can be long)
+            slow, comp_l, known_l, n_l, target_l = (slow_at.tolist(), comp[slow_at].tolist(), known[slow_at].tolist(),
+                                                    n[slow_at].tolist(), target[slow_at].tolist())
             limits, chunks = [], []
             # Only decodes that start a new block, and blocks for all of them: the loop below in one KV call.
             bs = kv.block_size
-            batched = all(n_l[i] == 1 and comp_l[i] >= running[i].prompt_len and
-                          comp_l[i] >= len(running[i].block_ids) * bs for i in slow) and \
+            batched = all(n_l[k] == 1 and comp_l[k] >= running[i].prompt_len and
+                          comp_l[k] >= len(running[i].block_ids) * bs for k, i in enumerate(slow)) and \
                 kv.append_blocks([running[i] for i in slow])
             if batched:
                 limits = [running[i].fast_limit for i in slow]
-            for i in () if batched else slow:
+            for k, i in () if batched else enumerate(slow):
                 if i >= len(running):
                     break       # preempted as a victim of an earlier request
                 req = running[i]
-                decode = n_l[i] == 1 and comp_l[i] >= req.prompt_len   # an output token: its block, uncached
-                while not (kv.append_block(req, comp_l[i]) if decode else
-                           kv.allocate_slots(req, comp_l[i], known_l[i], n_l[i])):
+                decode = n_l[k] == 1 and comp_l[k] >= req.prompt_len   # an output token: its block, uncached
+                while not (kv.append_block(req, comp_l[k]) if decode else
+                           kv.allocate_slots(req, comp_l[k], known_l[k], n_l[k])):
                     victim = running.pop()
                     self._preempt(victim, now)
                     preempted.append(victim)
@@ -324,16 +326,16 @@ class Scheduler:
                         break
                 else:
                     limits.append(req.fast_limit)
-                    if n_l[i] > 1:  # one token always samples: it is a decode, the rest are chunks
-                        chunks.append(i)
+                    if n_l[k] > 1:  # one token always samples: it is a decode, the rest are chunks
+                        chunks.append(k)
                     continue
                 break           # the request preempted itself: nothing after it runs
             self._flim[o[slow[:len(limits)]]] = limits
-            for i in chunks:
-                prefills.append((running[i], n_l[i]))
-                prefill_ctx.append(comp_l[i])
-                if comp_l[i] + n_l[i] == target_l[i]:
-                    sampled.append(int(o[i]))
+            for k in chunks:
+                prefills.append((running[slow[k]], n_l[k]))
+                prefill_ctx.append(comp_l[k])
+                if comp_l[k] + n_l[k] == target_l[k]:
+                    sampled.append(int(o[slow[k]]))
             if preempted:
                 m = len(running)
                 total -= int(n[m:].sum())
