@@ -216,6 +216,13 @@ class StepPricer:
             kernel_s += prefill_s + decode_s
         return StepTime(*self._finish(batch, mode, kernel_s))
 
+    def prime(self) -> None:
+        """Price a one-token prefill step and a one-sequence decode step: every model a step's kernels use is
+        loaded and the smallest blocks of every table priced, as the first steps of any run would (the same
+        values, earlier), so that processes forked afterwards share them."""
+        for batch in (StepBatch((1,), (0,), (), 1), StepBatch(decode_ctx=(1,))):
+            self.breakdown(batch)
+
     def breakdown(self, batch: StepBatch) -> dict:
         """Seconds per kernel family (plus 'launch' when launch bound) and per phase, and the StepTime parts.
 

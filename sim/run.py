@@ -308,6 +308,7 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
                            fast_forward=fast_forward).summary
 
     start = time.perf_counter()
+    setup.pricer.prime()   # before the ends fork: they inherit the loaded models and the shared predictions
     result, ends = interval_ends(central, [band_run("p10"), band_run("p90")], parallel_bands)
     result.summary["wall_s"] = time.perf_counter() - start   # the three runs' (central, both ends)
     error = setup.engine.serving_error

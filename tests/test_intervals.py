@@ -249,3 +249,27 @@ def test_the_runs_at_the_interval_ends_price_from_the_central_runs_predictions_u
         assert memo.with_band(band).predict(cols, family="gemm")["seconds"].tolist() == own.tolist()
     assert memo.predict(cols, family="gemm")["seconds"].tolist() == central["seconds"].tolist()
     assert len(memo._memo) == 1 and not central["seconds"].flags.writeable
+
+
+def test_priming_before_the_ends_fork_changes_no_price_and_shares_the_first_tables():
+    """StepPricer.prime (simulate, before forking the interval ends) prices what the first steps of a run would:
+    the same step prices as a fresh pricer's, and a band's pricer built on the same memo predictor then prices
+    those steps without a new prediction."""
+    from kernelsight.sim.batch import StepBatch
+    from kernelsight.sim.compose import compose, typed_configs, workload_config
+    from kernelsight.sim.run import build_setup
+
+    cfg, sources = compose(None, None)
+    configs, workload = typed_configs(cfg, sources), workload_config(cfg)
+    memo = Predictor("h100_sxm", memo=True)
+    primed = build_setup(*configs, workload, predictor=memo).pricer
+    primed.prime()
+    fresh = build_setup(*configs, workload).pricer
+    batches = [StepBatch(decode_ctx=(1,)), StepBatch(decode_ctx=(900, 1500, 37)), StepBatch((1,), (0,), (), 1),
+               StepBatch((200,), (0,), (5, 64), 1)]
+    assert [primed.step_time(b) for b in batches] == [fresh.step_time(b) for b in batches]
+    predicted = len(memo._memo)
+    band = build_setup(*configs, workload, energy=False, predictor=memo.with_band("p90")).pricer
+    band.step_time(StepBatch(decode_ctx=(1,)))
+    band.step_time(StepBatch((1,), (0,), (), 1))
+    assert predicted > 0 and len(memo._memo) == predicted
