@@ -131,11 +131,12 @@ class DecodeRun:
         first = self.flim - 1 - self.comp       # the step whose token is the first past a request's blocks
         index = (first < steps).nonzero()[0]
         first = first[index]
-        count = (steps - 1 - first) // block_size + 1
-        if np.count_nonzero(count > 1):
-            nth = np.arange(count.sum()) - (count.cumsum() - count).repeat(count)
-            index = index.repeat(count)
-            first = first.repeat(count) + block_size * nth
+        if steps > block_size:   # a request may take more than one block
+            count = (steps - 1 - first) // block_size + 1
+            if np.count_nonzero(count > 1):
+                nth = np.arange(count.sum()) - (count.cumsum() - count).repeat(count)
+                index = index.repeat(count)
+                first = first.repeat(count) + block_size * nth
         if len(index) < 2:
             return first, index
         order = first.argsort(kind="stable")   # index never decreases: by step, then running order
