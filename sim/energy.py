@@ -62,28 +62,41 @@ class EnergyAccumulator:
     def add_runs(self, runs: list) -> None:
         """The first `steps` steps of each decode run of `runs` [(pricing.DecodeRun with its energy parts,
         steps)], as add() adds each step."""
-        acc, fixed = self.family, {}
-        for prices, steps in runs:
-            fixed[prices.energy_families] = fixed.get(prices.energy_families, 0) + steps
-        for families, steps in fixed.items():
-            for name, joules in families:
-                acc[name] = acc.get(name, 0.0) + joules * steps
-        steps = [steps for _, steps in runs]
-        attention = np.concatenate([prices.attention_j[:n] for (prices, _), n in zip(runs, steps)])
-        launch = np.concatenate([prices.launch_j[:n] for (prices, _), n in zip(runs, steps)])
-        for name, values in ((runs[0][0].attention_family, attention), ("launch", launch)):
-            if np.count_nonzero(values):
-                acc[name] = acc.get(name, 0.0) + float(values.sum())
-        gpu = np.concatenate([prices.gpu_s[:n] for (prices, _), n in zip(runs, steps)])
+        add_run_parts(self.family, runs, "energy_families", (("attention_j", runs[0][0].attention_family),
+                                                             ("launch_j", "launch")))
+        gpu = run_steps(runs, "gpu_s")
         self.gpu_s += float(gpu.sum())
         busy = gpu > 0
         count = np.count_nonzero(busy)
         if count:
-            per_step = np.repeat([sum(j for _, j in prices.energy_families) for prices, _ in runs], steps)
-            joules = per_step + attention + launch
+            fixed = np.repeat([sum(j for _, j in prices.energy_families) for prices, _ in runs],
+                              [steps for _, steps in runs])
+            joules = fixed + run_steps(runs, "attention_j") + run_steps(runs, "launch_j")
             if count < len(gpu):   # only steps that take GPU time have a power
                 joules, gpu = joules[busy], gpu[busy]
             self.peak_w = max(self.peak_w, float((joules / gpu).max()))
+
+
+def run_steps(runs: list, field: str) -> np.ndarray:
+    """The per-step values `field` of pricing.DecodeRun prices, each run's first `steps`, end to end."""
+    return np.concatenate([getattr(prices, field)[:steps] for prices, steps in runs])
+
+
+def add_run_parts(acc: dict, runs: list, fixed: str, varying) -> None:
+    """Add decode runs [(prices, steps)] to the per-family sums `acc`: the (family, value) rows of `fixed` (one
+    tuple per batch size, shared by its runs) times their runs' steps; each (field, family) of `varying` as one
+    sum of its per-step values, the family listed only where it took any (as a step's breakdown lists it)."""
+    steps_of: dict = {}
+    for prices, steps in runs:
+        rows = getattr(prices, fixed)
+        steps_of[rows] = steps_of.get(rows, 0) + steps
+    for rows, steps in steps_of.items():
+        for name, value in rows:
+            acc[name] = acc.get(name, 0.0) + value * steps
+    for field, name in varying:
+        values = run_steps(runs, field)
+        if np.count_nonzero(values):
+            acc[name] = acc.get(name, 0.0) + float(values.sum())
 
 
 def energy_summary(acc: EnergyAccumulator | None, power: KernelPower | None, summary: dict, parallel,

@@ -622,8 +622,8 @@ class Engine:
                 break
             least = min(least, jitter[k])
             bound = min(bound, arrival + least)
-        else:
-            bound = min(bound, ahead[JITTER_AHEAD - 2].arrival_time)
+        else:   # the requests after the look-ahead arrive no earlier than the last one read
+            bound = min(bound, arrival)
         return self.frontend_latency_s + bound
 
     def _complete(self, replica, t: float) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from kernelsight.predictor.outputs import atomic_file, ensure_dir, save_figure, write_json, write_text
-from kernelsight.sim.energy import EnergyAccumulator, energy_families
+from kernelsight.sim.energy import EnergyAccumulator, add_run_parts, energy_families, run_steps
 
 CHUNK_ROWS = 65_536
 
@@ -225,21 +225,11 @@ class BreakdownAccumulator:
         if not runs:
             return
         self._runs = []
-        acc = self._family["decode"]
-        fixed: dict = {}   # the runs' (family, seconds) rows (one tuple per batch size) -> their steps
-        for prices, steps in runs:
-            fixed[prices.families] = fixed.get(prices.families, 0) + steps
-        for families, steps in fixed.items():
-            for name, seconds in families:
-                acc[name] = acc.get(name, 0.0) + seconds * steps
-        for name, field in ((runs[0][0].attention_family, "attention_s"), ("launch", "launch_s")):
-            values = np.concatenate([getattr(prices, field)[:steps] for prices, steps in runs])
-            if np.count_nonzero(values):
-                acc[name] = acc.get(name, 0.0) + float(values.sum())
+        add_run_parts(self._family["decode"], runs, "families", (("attention_s", runs[0][0].attention_family),
+                                                                 ("launch_s", "launch")))
         phase = self._phase
         phase["prefill"] = phase.get("prefill", 0.0)
-        phase["decode"] = phase.get("decode", 0.0) + float(
-            np.concatenate([prices.decode_phase_s[:steps] for prices, steps in runs]).sum())
+        phase["decode"] = phase.get("decode", 0.0) + float(run_steps(runs, "decode_phase_s").sum())
         if runs[0][0].attention_j is not None:
             self._energy.add_runs(runs)
 
