@@ -8,7 +8,10 @@ machine absolute times move with the load, ratios much less.
    1024 prompt / 128 output tokens, Llama-3.1-8B on one H100 SXM) as its own process, start to exit
    (python calling kernelsight.cli.main, as the console script does, without a launcher shim's
    start-up; target <= 2 s), and the simulation's
-   own wall time it prints, with the process's CPU time. The command's default (conf/simulate.yaml
+   own wall time it prints, with the process's CPU time. kernelsight's sources are compiled to bytecode
+   first, as a wheel install or any first run leaves them (an editable checkout on a machine that sets
+   PYTHONDONTWRITEBYTECODE, as this one does, would otherwise compile them at every start: about 0.1-0.2 s).
+   The command's default (conf/simulate.yaml
    `intervals: true`) runs the simulation three times (the kernels' central prices and both ends of
    their 80 % intervals, each end in a forked child beside the central run where 2 CPUs are usable:
    sim.run.interval_ends),
@@ -39,6 +42,7 @@ import warnings
 
 SPEED_REQUESTS = 10_000
 MEMORY_REQUESTS = (100_000, 1_000_000)
+PACKAGES = ("cli", "sim", "predictor", "calibrate", "validate", "microbench")   # kernelsight's code subpackages
 SHORT = ["workload=poisson", "workload.input.value=256", "workload.output.value=16"]
 WHOLE = ["simulate", f"num_requests={SPEED_REQUESTS}", "quiet=true"]
 
@@ -77,6 +81,17 @@ def timed_run(overrides: list[str], n: int, fast_forward: bool = True) -> dict:
     summary["cpu_s"] = time.process_time() - cpu
     summary["fast_forwarded_steps"] = result.engine.fast_forwarded_steps
     return summary
+
+
+def compile_sources() -> None:
+    """Bytecode for every kernelsight module, next to its source (whatever the environment says about writing
+    it), so that the whole-process timings start as an installed package does."""
+    import compileall
+    import importlib.util
+
+    for name in ("kernelsight", *(f"kernelsight.{sub}" for sub in PACKAGES)):
+        for folder in importlib.util.find_spec(name).submodule_search_locations:
+            compileall.compile_dir(folder, quiet=1)
 
 
 def whole_process(fast_forward: bool, intervals: bool = True) -> tuple[float, float, float]:
@@ -130,7 +145,8 @@ def main() -> None:
         return
 
     print(f"whole process: `kernelsight simulate num_requests={SPEED_REQUESTS}` (Poisson 8 req/s, 1024/128 tokens, "
-          f"Llama-3.1-8B, H100 SXM), start to exit; target <= 2 s")
+          f"Llama-3.1-8B, H100 SXM), start to exit, bytecode compiled; target <= 2 s")
+    compile_sources()
     procs = {ff: whole_process(ff) for ff in (True, False)}
     for ff, (wall, sim, cpu) in procs.items():
         print(f"  {'fast-forward' if ff else 'step by step':<13} {wall:6.2f} s (simulation {sim:.2f} s; "

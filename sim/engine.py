@@ -161,7 +161,7 @@ class Engine:
                  max_model_len: int | None = None, max_concurrency: int | None = None,
                  slo_ms: dict | None = None, recorder=None, breakdown=None,
                  frontend_latency_s: float = 0.0, frontend_jitter_s: float = 0.0, seed: int = 0, progress=None,
-                 fast_forward: bool = True):
+                 fast_forward: bool = True, itl: bool = True):
         if frontend_latency_s < 0 or frontend_jitter_s < 0:
             raise KernelsightError(f"frontend latency {frontend_latency_s} s and jitter {frontend_jitter_s} s "
                                    f"must be >= 0")
@@ -174,7 +174,7 @@ class Engine:
         self.router = Router(router, replicas)
         self.max_model_len = max_model_len
         self.max_concurrency = max_concurrency if max_concurrency else math.inf
-        self.metrics = ServingMetrics(slo_ms)
+        self.metrics = ServingMetrics(slo_ms, itl)   # itl=False: no inter-token gaps kept (ServingMetrics)
         self.recorder = recorder            # report.Recorder: per-step and per-request outputs
         self.breakdown = breakdown          # report.BreakdownAccumulator: GPU time per kernel family
         self.progress = progress            # called with the number of requests that just finished (or failed)
@@ -407,6 +407,8 @@ class Engine:
         pricer.decode_run and timed by the event loop's own arithmetic, so the result is step-by-step
         simulation's to the last bit; the steps still in flight at the end stay in flight as real steps.
         Returns False (nothing changed) when no run of two or more steps can be advanced."""
+        if not replica.scheduler.may_decode_run():
+            return False    # an admission could come (most arrivals): no horizon to look for
         horizon = self._horizon(replica)
         if horizon - t <= 2 * replica.period:
             return False    # at most about two steps fit: a run that short saves less than it costs
@@ -481,7 +483,7 @@ class Engine:
         inflight: deque = deque([(pre_entry[0], -1)] if pre is not None else [])
         start, launch, end, done = [], [], [], []
         wake = t     # the WAKE being handled
-        itl = self.metrics.dist["itl"]
+        itl = self.metrics.itl
         while True:
             complete_at = inflight[0][0] if inflight else math.inf
             if wake is not None and wake < complete_at:   # at equal times a COMPLETE goes first
@@ -559,7 +561,7 @@ class Engine:
                 self.recorder.step(replica, run.scheduled_step(j, first + j), start[j], launch[j], end[j], gpu[j],
                                    prices.host_s)
         sched.advance(run, scheduled, np.asarray(done, dtype=np.float64), list(dict.fromkeys(block_slots)),
-                      self.metrics.dist["itl"])
+                      self.metrics.itl)
         if taken:   # blocks in use after each step: after its last block taken (less those given back)
             events = block_step[:taken].searchsorted(np.arange(scheduled), side="right")
             used = used_before + events if event_used is None else np.asarray([used_before, *event_used])[events]
@@ -632,9 +634,9 @@ class Engine:
         metrics = self.metrics
         if replica.__class__ is LockstepGroup:
             finished = [req for m, s in zip(replica.members, step) if s is not None
-                        for req in m.scheduler.update(s, t, metrics.dist["itl"])]
+                        for req in m.scheduler.update(s, t, metrics.itl)]
         else:
-            finished = replica.scheduler.update(step, t, metrics.dist["itl"])
+            finished = replica.scheduler.update(step, t, metrics.itl)
         for req in finished:
             latencies = metrics.record_request(req)
             if self.recorder is not None:

@@ -128,8 +128,11 @@ class StreamingDistribution:
 class ServingMetrics:
     """Accumulates per-request and per-token latencies; `summary()` gives vLLM's metric names."""
 
-    def __init__(self, slo_ms: dict | None = None):
-        self.dist = {name: StreamingDistribution() for name in LATENCIES}
+    def __init__(self, slo_ms: dict | None = None, itl: bool = True):
+        # itl=False keeps no inter-token gaps (the summary's ITL fields are NaN): runs that report only request
+        # latencies and throughputs (the interval ends) skip one histogram update per step
+        self.dist = {name: StreamingDistribution() for name in LATENCIES if itl or name != "itl"}
+        self.itl = self.dist.get("itl")   # what the scheduler feeds each inter-token gap (None: none kept)
         self.slo_ms = {k: v for k, v in (slo_ms or {}).items() if v is not None}
         self.completed = 0
         self.failed = 0
@@ -188,7 +191,7 @@ class ServingMetrics:
             "request_goodput": per_s(self.good) if self.slo_ms else float("nan"),
         }
         for name in LATENCIES:
-            dist = self.dist[name]
+            dist = self.dist.get(name) or StreamingDistribution()   # an empty one: NaN
             out[f"mean_{name}_ms"] = dist.mean
             out[f"std_{name}_ms"] = dist.std
             out[f"median_{name}_ms"] = dist.quantile(0.5)

@@ -226,20 +226,21 @@ class SimulationResult:
 def run(setup: Setup, num_requests: int | None, seed: int, router: str = "least_outstanding",
         slo_ms: dict | None = None, out_dir: Path | None = None, trace_steps: int = 2000,
         trace_kernel_steps: int = 20, breakdown: bool = True, keep_requests: bool = False,
-        progress=None, fast_forward: bool = True) -> SimulationResult:
+        progress=None, fast_forward: bool = True, itl: bool = True) -> SimulationResult:
     """Stream `num_requests` of the setup's workload (None: a whole trace) through fresh replicas.
 
     progress: None, or a tqdm-like factory; progress(total=..., desc=..., unit=...) must return an object
     with update(n) and close(). It is told of every finished request (completed or failed), once per step
     that finishes some, so a bar costs nothing measurable. The caller decides whether and where it shows.
     fast_forward: advance runs of identical decode steps at once (engine.Engine; the same result as
-    simulating them step by step, which False does)."""
+    simulating them step by step, which False does). itl=False: no inter-token gaps kept (the summary's ITL
+    fields NaN), for runs that report only request latencies and throughputs."""
     recorder = Recorder(out_dir, trace_steps, trace_kernel_steps) if out_dir is not None else None
     kept = _RequestRows(recorder) if keep_requests else None
     bar = progress(total=setup.workload.count(num_requests), desc="simulate", unit="req") if progress else None
     engine = setup.new_engine(seed, router, slo_ms=slo_ms, recorder=kept or recorder,
                               breakdown=BreakdownAccumulator() if breakdown else None,
-                              progress=bar.update if bar is not None else None, fast_forward=fast_forward)
+                              progress=bar.update if bar is not None else None, fast_forward=fast_forward, itl=itl)
     start = time.perf_counter()
     try:
         summary = engine.run(setup.workload.requests(num_requests, seed))
@@ -305,7 +306,7 @@ def simulate(model: ModelConfig, hardware: Hardware, engine: EngineProfile, para
                                  allow_long_max_model_len=allow_long_max_model_len, energy=False,
                                  predictor=predictor.with_band(band))
         return lambda: run(band_setup, num_requests, seed, router, slo_ms, breakdown=False,
-                           fast_forward=fast_forward).summary
+                           fast_forward=fast_forward, itl=False).summary   # INTERVAL_METRICS need no ITL
 
     start = time.perf_counter()
     setup.pricer.prime()   # before the ends fork: they inherit the loaded models and the shared predictions

@@ -232,12 +232,10 @@ class Scheduler:
         """The steps from now on, when each decodes one token for every running request and nothing else (no
         admission, prefill chunk or preemption) until one schedules some request's last token, KV blocks
         allowing; None otherwise. The engine advances such runs at once (advance())."""
+        if not self.may_decode_run():
+            return None
         o = self._order
-        n = len(o)
         cfg = self.config
-        if not n or n > cfg.max_num_batched_tokens or (
-                self.waiting and n < cfg.max_num_seqs and n < cfg.max_num_batched_tokens):
-            return None     # nothing to run, a budget cut, or an admission could come
         out, ph, comp, prompt, flim = self._out[o], self._ph[o], self._comp[o], self._prompt[o], self._flim[o]
         left = self._olen[o] - out - ph     # tokens not scheduled yet
         target = prompt + out + ph if cfg.async_scheduling else prompt + out   # as in _schedule_running
@@ -245,6 +243,14 @@ class Scheduler:
         if np.count_nonzero((target - comp != 1) | (comp < prompt) | (comp >= flim) | (left < 1)):
             return None
         return DecodeRun(o, comp, flim, int(left.min()), self._slot_req)
+
+    def may_decode_run(self) -> bool:
+        """False when decode_run() is None whatever the counters say: nothing runs, the budget cuts a step, or
+        an admission could come (a cheap check, made before the engine looks for a horizon)."""
+        n = len(self._order)
+        cfg = self.config
+        return bool(n) and n <= cfg.max_num_batched_tokens and not (
+            self.waiting and n < cfg.max_num_seqs and n < cfg.max_num_batched_tokens)
 
     def finishes(self, step: ScheduledStep) -> bool:
         """Whether the step's completion finishes a request."""
@@ -284,8 +290,8 @@ class Scheduler:
         running = self.running
         comp_arr, ph_arr = self._comp, self._ph
         o = self._order
-        out, ph, comp = self._out[o], ph_arr[o], comp_arr[o]
-        known = self._prompt[o] + out
+        out, ph, comp, prompt = self._out[o], ph_arr[o], comp_arr[o], self._prompt[o]
+        known = prompt + out
         target = known + ph if cfg.async_scheduling else known
         n = target - comp
         n[out + ph >= self._olen[o]] = 0    # every remaining token is already in flight
@@ -299,21 +305,21 @@ class Scheduler:
             total = int(n.sum())
         new_comp = comp + n
         # KV-manager work: any chunk of more than one token, and decodes reaching fast_limit.
-        slow_at = (n > (new_comp < self._flim[o])).nonzero()[0]
+        flim = self._flim[o]
+        slow_at = (n > (new_comp < flim)).nonzero()[0]
         m = len(o)
-        if len(slow_at):
+        # Only decodes past their prompt whose token starts a new block (at the fast limit, blocks x block size
+        # + 1), and blocks for all of them: the loop below in one KV call, each fast limit one block further.
+        if len(slow_at) and not np.count_nonzero((n[slow_at] != 1) | (comp[slow_at] < prompt[slow_at]) |
+                                                 (new_comp[slow_at] != flim[slow_at])) and \
+                kv.append_blocks([running[i] for i in slow_at.tolist()]):
+            self._flim[o[slow_at]] += kv.block_size
+        elif len(slow_at):
             # the slow requests' positions and counters as lists (only theirs: a running list can be long)
             slow, comp_l, known_l, n_l, target_l = (slow_at.tolist(), comp[slow_at].tolist(), known[slow_at].tolist(),
                                                     n[slow_at].tolist(), target[slow_at].tolist())
             limits, chunks = [], []
-            # Only decodes that start a new block, and blocks for all of them: the loop below in one KV call.
-            bs = kv.block_size
-            batched = all(n_l[k] == 1 and comp_l[k] >= running[i].prompt_len and
-                          comp_l[k] >= len(running[i].block_ids) * bs for k, i in enumerate(slow)) and \
-                kv.append_blocks([running[i] for i in slow])
-            if batched:
-                limits = [running[i].fast_limit for i in slow]
-            for k, i in () if batched else enumerate(slow):
+            for k, i in enumerate(slow):
                 if i >= len(running):
                     break       # preempted as a victim of an earlier request
                 req = running[i]

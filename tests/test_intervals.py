@@ -273,3 +273,26 @@ def test_priming_before_the_ends_fork_changes_no_price_and_shares_the_first_tabl
     band.step_time(StepBatch(decode_ctx=(1,)))
     band.step_time(StepBatch((1,), (0,), (), 1))
     assert predicted > 0 and len(memo._memo) == predicted
+
+
+def test_the_interval_ends_keep_no_inter_token_gaps_and_change_nothing_else():
+    """The ends run with itl=False (sim.run.run): every summary field but the ITL statistics is the same as with
+    the gaps kept, and those are NaN rather than a wrong number."""
+    import math
+    import warnings
+
+    from kernelsight.sim.compose import compose, typed_configs, workload_config
+    from kernelsight.sim.metrics import LATENCIES
+    from kernelsight.sim.run import INTERVAL_METRICS, build_setup, run
+
+    cfg, sources = compose(None, None)
+    setup = build_setup(*typed_configs(cfg, sources), workload_config(cfg), energy=False, band="p90")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        kept, skipped = (run(setup, 80, seed=0, breakdown=False, itl=itl).summary for itl in (True, False))
+    itl_keys = {k for k in kept if k.endswith("_itl_ms")}
+    assert len(itl_keys) == 5 and all(math.isnan(skipped[k]) for k in itl_keys)
+    assert all(kept[k] > 0 for k in itl_keys) and set(kept) == set(skipped)
+    same = {k for k in kept if k not in itl_keys and k != "wall_s"}
+    assert set(INTERVAL_METRICS) <= same and "itl" in LATENCIES
+    np.testing.assert_equal({k: kept[k] for k in same}, {k: skipped[k] for k in same})   # NaN equals NaN

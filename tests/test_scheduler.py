@@ -333,3 +333,23 @@ def test_the_engine_refuses_a_negative_seed_in_one_line():
     with pytest.raises(KernelsightError) as e:
         engine(config(), blocks=16, seed=-1)
     assert str(e.value) == "seed=-1: must be an integer >= 0 (a random seed)"
+
+
+def test_a_decode_run_waits_for_an_admission_that_could_come():
+    """may_decode_run (what the engine asks before looking for a fast-forward horizon) is False exactly where
+    decode_run must be None whatever the counters: nothing running, or a waiting request with a free sequence
+    slot; a full batch lets the run go on past the queue."""
+    sched = Scheduler(config(max_num_seqs=2), KVCacheManager(64, BS))
+    assert not sched.may_decode_run() and sched.decode_run() is None
+    for i in range(2):
+        sched.add_request(Request(f"r{i}", 0.0, 6, 5))
+    sched.update(sched.schedule(0.0), 0.1)          # both prompts in one step, a first token each
+    assert sched.may_decode_run() and sched.decode_run().steps == 4
+    sched.add_request(Request("late", 0.2, 6, 5))
+    assert sched.may_decode_run()                   # max_num_seqs reached: "late" cannot be admitted yet
+    single = Scheduler(config(max_num_seqs=3), KVCacheManager(64, BS))
+    single.add_request(Request("a", 0.0, 6, 5))
+    single.update(single.schedule(0.0), 0.1)
+    single.add_request(Request("b", 0.2, 6, 5))
+    assert not single.may_decode_run() and single.decode_run() is None   # "b" is admitted at the next step
+    assert [r.request_id for r, _ in single.schedule(0.2).prefills] == ["b"]
