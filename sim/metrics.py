@@ -191,7 +191,7 @@ class ServingMetrics:
             "request_goodput": per_s(self.good) if self.slo_ms else float("nan"),
         }
         for name in LATENCIES:
-            dist = self.dist.get(name) or StreamingDistribution()   # an empty one: NaN
+            dist = self.dist[name] if name in self.dist else StreamingDistribution()   # not kept: NaN
             out[f"mean_{name}_ms"] = dist.mean
             out[f"std_{name}_ms"] = dist.std
             out[f"median_{name}_ms"] = dist.quantile(0.5)
